@@ -1,0 +1,66 @@
+"""Job secret handling and challenge-response proofs (invariant I8: Admission).
+
+Owns: loading the job secret, deriving per-purpose keys from it, and the HMAC proofs used by every
+handshake in p2pgen (agent control RPC, data-plane transport, state transfer). The secret itself
+never crosses the wire: each side proves knowledge of it by an HMAC over fresh nonces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+
+log = logging.getLogger(__name__)
+
+NONCE_BYTES = 16
+SECRET_ENV = "P2PGEN_SECRET_FILE"
+
+
+class SecretError(ValueError):
+    """The job secret could not be loaded (missing, unreadable or empty file)."""
+
+
+def load_secret(path: str | None, job: str) -> bytes:
+    """Read the job secret from `path` (or the file named by $P2PGEN_SECRET_FILE).
+
+    With neither, fall back to an insecure secret derived from the job name and log a warning:
+    convenient for a local demo, never for a real job.
+    """
+    path = path or os.environ.get(SECRET_ENV)
+    if not path:
+        log.warning("no --secret-file given: job %r uses an insecure default secret; "
+                    "any process that knows the job name can join", job)
+        return hashlib.sha256(b"p2pgen-insecure-default:" + job.encode()).digest()
+    try:
+        with open(path, "rb") as f:
+            data = f.read().strip()
+    except OSError as e:
+        raise SecretError(f"cannot read secret file {path!r}: {e.strerror}") from e
+    if not data:
+        raise SecretError(f"secret file {path!r} is empty: put at least 16 random bytes in it")
+    return data
+
+
+def derive_key(secret: bytes, job: str, purpose: str) -> bytes:
+    """A key for one purpose ("raft", "control", "data", "state") of one job."""
+    return hmac.new(secret, f"p2pgen/{job}/{purpose}".encode(), hashlib.sha256).digest()
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def prove(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 over the length-prefixed parts (so part boundaries cannot be shifted)."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(len(part).to_bytes(4, "big"))
+        mac.update(part)
+    return mac.digest()
+
+
+def verify(key: bytes, proof: bytes, *parts: bytes) -> bool:
+    return hmac.compare_digest(prove(key, *parts), proof)
