@@ -1,0 +1,287 @@
+"""The generation state machine: commands in, new state and effects out. No I/O, no clock, no threads.
+
+Owns: the replicated state of one job (DESIGN, "The generation protocol"): members with
+incarnations, the active certificate, the pending proposal, tombstones, the last incarnation seen per
+peer, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
+holds the same state (I1).
+
+Invariants kept (checked by tests/core after every step):
+- I1: one member set and rank map per generation number; a number is never reused.
+- I2: the active generation only goes up; proposals are always above it.
+- I3: an incarnation once seen for a peer_id is never admitted again; votes of any other incarnation
+  than the current member's are refused.
+- I4: a generation is activated only when every proposed member voted `ready` with its quiescence
+  and holds the elected frontier digest.
+An invalid command changes nothing and returns the reason (`Outcome.ok is False`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from p2pgen.core.frontier import elect_frontier
+from p2pgen.core.model import (
+    QUIESCENCE_VALUES, Activated, Certificate, Command, Effect, Election, FrontierElected, Frontier,
+    HistoryEntry, Leave, LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened,
+    Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, Tombstone,
+)
+
+HISTORY_LIMIT = 64
+TOMBSTONE_LIMIT = 256
+
+
+@dataclass
+class Proposal:
+    """A pending generation: its members in rank order, their votes, and (once all voted) the election."""
+
+    generation: int
+    parent: int
+    members: tuple[Member, ...]
+    reason: str
+    opened_at: float
+    votes: dict[str, ReadyVote] = field(default_factory=dict)
+    election: Election | None = None
+    synced: set[str] = field(default_factory=set)
+
+    def member(self, peer_id: str) -> Member | None:
+        return next((m for m in self.members if m.peer_id == peer_id), None)
+
+
+class GenerationMachine:
+    """Deterministic state machine of one job. `apply` is the only way to change it."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.members: list[Member] = []             # current membership; list order is the rank order to propose
+        self.active: Certificate | None = None
+        self.pending: Proposal | None = None
+        self.last_generation = 0                    # highest generation number ever proposed
+        self.last_incarnation: dict[str, int] = {}  # peer_id -> highest incarnation ever seen
+        self.ownership_version = 0
+        self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
+        self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
+
+    # --- queries -----------------------------------------------------------------------------------
+
+    @property
+    def active_generation(self) -> int:
+        return self.active.generation if self.active else 0
+
+    def member(self, peer_id: str) -> Member | None:
+        return next((m for m in self.members if m.peer_id == peer_id), None)
+
+    def is_current(self, peer_id: str, incarnation: int) -> bool:
+        member = self.member(peer_id)
+        return member is not None and member.incarnation == incarnation
+
+    def was_evicted(self, peer_id: str, incarnation: int) -> bool:
+        """True if this incarnation was seen and is no longer a member (it must restart as a new one)."""
+        return incarnation <= self.last_incarnation.get(peer_id, -1) and not self.is_current(peer_id, incarnation)
+
+    # --- the one entry point -----------------------------------------------------------------------
+
+    def apply(self, command: Command, position: LogPosition = LogPosition()) -> Outcome:
+        handler = _HANDLERS.get(type(command))
+        if handler is None:
+            return Outcome.refused(f"unknown command {type(command).__name__}")
+        return handler(self, command, position)
+
+    # --- membership commands -----------------------------------------------------------------------
+
+    def _register(self, cmd: Register, position: LogPosition) -> Outcome:
+        if not cmd.peer_id:
+            return Outcome.refused("register: empty peer_id")
+        if cmd.incarnation < 0:
+            return Outcome.refused(f"register {cmd.peer_id}: incarnation must be >= 0, got {cmd.incarnation}")
+        current = self.member(cmd.peer_id)
+        if current is not None and current.incarnation == cmd.incarnation and current.addrs == cmd.addrs:
+            return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} is already registered (replay)")
+        last = self.last_incarnation.get(cmd.peer_id)
+        if last is not None and cmd.incarnation <= last:
+            return Outcome.refused(
+                f"register {cmd.peer_id}#{cmd.incarnation}: incarnation already seen (last {last}); "
+                "a restarted process must register with a new, higher incarnation (I3)")
+        effects: list[Effect] = []
+        if current is not None:
+            self._evict(current, f"replaced by incarnation {cmd.incarnation}", cmd.at, effects)
+        self.last_incarnation[cmd.peer_id] = cmd.incarnation
+        self.members.append(Member(cmd.peer_id, cmd.incarnation, tuple(sorted(cmd.addrs))))
+        self._membership_changed(f"{cmd.peer_id}#{cmd.incarnation} joined", cmd.at, effects)
+        return Outcome(True, f"registered {cmd.peer_id}#{cmd.incarnation}", tuple(effects))
+
+    def _suspect(self, cmd: Suspect, position: LogPosition) -> Outcome:
+        if not cmd.reporter:
+            return Outcome.refused("suspect: empty reporter")
+        return self._remove(cmd.peer_id, cmd.incarnation, f"suspected by {cmd.reporter}: {cmd.reason}", cmd.at)
+
+    def _leave(self, cmd: Leave, position: LogPosition) -> Outcome:
+        return self._remove(cmd.peer_id, cmd.incarnation, "left gracefully", cmd.at)
+
+    def _remove(self, peer_id: str, incarnation: int, why: str, at: float) -> Outcome:
+        refusal = self._check_current(peer_id, incarnation)
+        if refusal:
+            return Outcome.refused(refusal)
+        effects: list[Effect] = []
+        self._evict(self.member(peer_id), why, at, effects)
+        self._membership_changed(f"{peer_id}#{incarnation} removed ({why})", at, effects)
+        return Outcome(True, f"removed {peer_id}#{incarnation}: {why}", tuple(effects))
+
+    def _reform(self, cmd: Reform, position: LogPosition) -> Outcome:
+        refusal = self._check_current(cmd.peer_id, cmd.incarnation)
+        if refusal:
+            return Outcome.refused(refusal)
+        if self.pending is not None:
+            return Outcome(True, f"generation {self.pending.generation} is already pending; nothing to reform")
+        if cmd.generation != self.active_generation:
+            return Outcome.refused(f"reform of generation {cmd.generation}: the active generation is "
+                                   f"{self.active_generation} (stale request, I2)")
+        effects: list[Effect] = []
+        self._open(f"reform requested by {cmd.peer_id}: {cmd.reason}", cmd.at, effects)
+        return Outcome(True, f"reforming generation {self.active_generation}", tuple(effects))
+
+    # --- proposal commands -------------------------------------------------------------------------
+
+    def _ready(self, cmd: Ready, position: LogPosition) -> Outcome:
+        refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
+        if refusal:
+            return Outcome.refused(refusal)
+        if cmd.quiescence not in QUIESCENCE_VALUES:
+            return Outcome.refused(f"ready: quiescence must be one of {', '.join(QUIESCENCE_VALUES)}, "
+                                   f"got {cmd.quiescence!r}")
+        if cmd.revision < 0 or cmd.collective_seq < 0:
+            return Outcome.refused("ready: revision and collective_seq must be >= 0")
+        proposal = self.pending
+        vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq)
+        previous = proposal.votes.get(cmd.peer_id)
+        if previous is not None:
+            if previous == vote:
+                return Outcome(True, f"{cmd.peer_id} already voted ready for generation {cmd.generation} (replay)")
+            return Outcome.refused(f"ready: {cmd.peer_id}#{cmd.incarnation} already voted differently for "
+                                   f"generation {cmd.generation}")
+        effects: list[Effect] = []
+        if cmd.quiescence == "unknown":
+            member = proposal.member(cmd.peer_id)
+            why = f"cannot prove quiescence of generation {proposal.parent}: must restart as a new incarnation"
+            effects.append(RestartRequired(member.peer_id, member.incarnation, why))
+            self._evict(member, why, cmd.at, effects)
+            self._membership_changed(f"{member.peer_id}#{member.incarnation} reported quiescence unknown",
+                                     cmd.at, effects)
+            return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} evicted: {why}", tuple(effects))
+        proposal.votes[cmd.peer_id] = vote
+        if len(proposal.votes) == len(proposal.members):
+            proposal.election = elect_frontier(proposal.members, proposal.votes,
+                                               self.active.frontier if self.active else None)
+            effects.append(FrontierElected(proposal.generation, proposal.election))
+            self._maybe_activate(cmd.at, position, effects)
+        return Outcome(True, f"{cmd.peer_id} ready for generation {cmd.generation}", tuple(effects))
+
+    def _synced(self, cmd: Synced, position: LogPosition) -> Outcome:
+        refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
+        if refusal:
+            return Outcome.refused(refusal)
+        election = self.pending.election
+        if election is None:
+            return Outcome.refused(f"synced: the frontier of generation {cmd.generation} is not elected yet "
+                                   "(wait until every member is ready)")
+        if not any(p.peer_id == cmd.peer_id for p in election.pulls):
+            return Outcome(True, f"{cmd.peer_id} already holds the frontier (nothing to sync)")
+        if cmd.digest != election.frontier.digest:
+            return Outcome.refused(f"synced: {cmd.peer_id} holds digest {cmd.digest or '<empty>'}, the frontier is "
+                                   f"{election.frontier.digest or '<empty>'}; pull again")
+        if cmd.peer_id in self.pending.synced:
+            return Outcome(True, f"{cmd.peer_id} already synced (replay)")
+        self.pending.synced.add(cmd.peer_id)
+        effects: list[Effect] = []
+        self._maybe_activate(cmd.at, position, effects)
+        return Outcome(True, f"{cmd.peer_id} synced to generation {cmd.generation}", tuple(effects))
+
+    # --- validation helpers ------------------------------------------------------------------------
+
+    def _check_current(self, peer_id: str, incarnation: int) -> str | None:
+        member = self.member(peer_id)
+        if member is None:
+            if peer_id in self.last_incarnation:
+                return f"{peer_id}#{incarnation} is not a member (already removed)"
+            return f"unknown peer {peer_id!r}"
+        if member.incarnation != incarnation:
+            return (f"{peer_id}#{incarnation} is a stale incarnation: the member is {peer_id}#{member.incarnation} "
+                    "(I3)")
+        return None
+
+    def _check_vote(self, generation: int, peer_id: str, incarnation: int) -> str | None:
+        if self.pending is None or self.pending.generation != generation:
+            pending = self.pending.generation if self.pending else "none"
+            return f"generation {generation} is not pending (pending: {pending}, active: {self.active_generation})"
+        member = self.pending.member(peer_id)
+        if member is None:
+            return f"{peer_id} is not a proposed member of generation {generation}"
+        if member.incarnation != incarnation:
+            return (f"{peer_id}#{incarnation} is not the proposed incarnation {peer_id}#{member.incarnation} "
+                    f"of generation {generation} (I3)")
+        return None
+
+    # --- transitions -------------------------------------------------------------------------------
+
+    def _evict(self, member: Member, why: str, at: float, effects: list[Effect]) -> None:
+        self.members.remove(member)
+        self.tombstones.append(Tombstone(member.peer_id, member.incarnation, why, at))
+        effects.append(MemberEvicted(member.peer_id, member.incarnation, why))
+
+    def _membership_changed(self, why: str, at: float, effects: list[Effect]) -> None:
+        if self.pending is not None:
+            abandoned = self.pending
+            self.history.append(HistoryEntry(abandoned.generation, "abandoned", why, abandoned.members, at))
+            effects.append(ProposalAbandoned(abandoned.generation, why))
+            self.pending = None
+        if self.members:
+            self._open(why, at, effects)
+
+    def _open(self, why: str, at: float, effects: list[Effect]) -> None:
+        self.last_generation += 1
+        self.pending = Proposal(self.last_generation, self.active_generation, tuple(self.members), why, at)
+        effects.append(ProposalOpened(self.pending.generation, self.pending.parent, self.pending.members, why))
+
+    def _maybe_activate(self, at: float, position: LogPosition, effects: list[Effect]) -> None:
+        proposal = self.pending
+        election = proposal.election
+        if election is None or any(p.peer_id not in proposal.synced for p in election.pulls):
+            return
+        parent = self.active
+        if parent is None or set(parent.owners) != set(election.holders):
+            self.ownership_version += 1
+        kept = {m.identity for m in proposal.members}
+        departed = tuple((m.peer_id, m.incarnation, self._tombstone_reason(m))
+                         for m in (parent.members if parent else ()) if m.identity not in kept)
+        cert = Certificate(
+            job=self.job, generation=proposal.generation, parent=self.active_generation,
+            members=proposal.members, reason=proposal.reason, frontier=election.frontier,
+            quiescence=tuple((m.peer_id, m.incarnation, proposal.votes[m.peer_id].quiescence)
+                             for m in proposal.members),
+            revisions=tuple((m.peer_id, proposal.votes[m.peer_id].revision) for m in proposal.members),
+            pulled=election.pulls, departed=departed, manifest_digest=election.frontier.digest,
+            owners=election.holders, ownership_version=self.ownership_version,
+            collective_seq_frontier=max(v.collective_seq for v in proposal.votes.values()),
+            divergence=election.divergence, regressed_from=election.regressed_from,
+            proposed_at=proposal.opened_at, activated_at=at, raft_term=position.term, raft_index=position.index,
+        )
+        self.active = cert
+        self.pending = None
+        self.history.append(HistoryEntry(cert.generation, "activated", cert.reason, cert.members, at, cert))
+        effects.append(Activated(cert))
+
+    def _tombstone_reason(self, member: Member) -> str:
+        for stone in reversed(self.tombstones):
+            if (stone.peer_id, stone.incarnation) == member.identity:
+                return stone.reason
+        return "removed"
+
+
+_HANDLERS = {
+    Register: GenerationMachine._register,
+    Suspect: GenerationMachine._suspect,
+    Leave: GenerationMachine._leave,
+    Reform: GenerationMachine._reform,
+    Ready: GenerationMachine._ready,
+    Synced: GenerationMachine._synced,
+}

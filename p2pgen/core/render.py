@@ -1,0 +1,110 @@
+"""Stable text and JSON renderings of core state and effects.
+
+Owns: the one textual form of the state machine used by transcript tests (`tests/core/testdata`),
+`p2pgen show` and `p2pgen history`. Output depends only on the state, never on dict or set
+iteration order, so equal states render identically on every peer (I1 can be checked by comparing text).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from p2pgen.core.generation import GenerationMachine, Proposal
+from p2pgen.core.model import (
+    Activated, Certificate, Effect, Election, FrontierElected, Member, MemberEvicted, Outcome,
+    ProposalAbandoned, ProposalOpened, RestartRequired,
+)
+
+
+def member_list(members: tuple[Member, ...] | list[Member]) -> str:
+    return "[" + " ".join(f"{m.peer_id}#{m.incarnation}" for m in members) + "]"
+
+
+def render_election(e: Election) -> str:
+    pulls = " ".join(f"{p.peer_id}<-{'/'.join(p.sources)}" for p in e.pulls) or "none"
+    text = f"frontier r{e.frontier.revision}:{e.frontier.digest or '-'} holders={','.join(e.holders)} pulls={pulls}"
+    if e.divergence:
+        text += " divergence=" + ",".join(f"{p}:{d or '-'}" for p, d in e.divergence)
+    if e.regressed_from is not None:
+        text += f" regressed_from=r{e.regressed_from}"
+    return text
+
+
+def render_effect(effect: Effect) -> str:
+    match effect:
+        case ProposalOpened(generation, parent, members, reason):
+            return f"propose g{generation} (parent g{parent}) {member_list(members)}: {reason}"
+        case ProposalAbandoned(generation, reason):
+            return f"abandon g{generation}: {reason}"
+        case MemberEvicted(peer_id, incarnation, reason):
+            return f"evict {peer_id}#{incarnation}: {reason}"
+        case RestartRequired(peer_id, incarnation, reason):
+            return f"restart {peer_id}#{incarnation}: {reason}"
+        case FrontierElected(generation, election):
+            return f"elect g{generation} {render_election(election)}"
+        case Activated(cert):
+            return f"activate g{cert.generation} {member_list(cert.members)} {render_certificate_line(cert)}"
+    raise TypeError(f"not an effect: {effect!r}")
+
+
+def render_certificate_line(cert: Certificate) -> str:
+    quiescence = ",".join(f"{p}={q}" for p, _, q in cert.quiescence)
+    return (f"frontier=r{cert.frontier.revision}:{cert.frontier.digest or '-'} quiescence={quiescence} "
+            f"owners={','.join(cert.owners)}@v{cert.ownership_version} seq={cert.collective_seq_frontier}")
+
+
+def render_outcome(outcome: Outcome) -> str:
+    lines = [("ok: " if outcome.ok else "refused: ") + outcome.reason]
+    lines += ["  " + render_effect(e) for e in outcome.effects]
+    return "\n".join(lines)
+
+
+def render_proposal(p: Proposal) -> str:
+    votes = " ".join(f"{peer}={v.quiescence}/r{v.revision}:{v.digest or '-'}" for peer, v in sorted(p.votes.items()))
+    text = f"pending g{p.generation} (parent g{p.parent}) {member_list(p.members)} votes: {votes or 'none'}"
+    if p.election:
+        text += f"; {render_election(p.election)}; synced: {','.join(sorted(p.synced)) or 'none'}"
+    return text
+
+
+def render_state(m: GenerationMachine) -> str:
+    lines = [f"members: {member_list(m.members)}"]
+    if m.active:
+        lines.append(f"active: g{m.active.generation} {member_list(m.active.members)} "
+                     f"{render_certificate_line(m.active)}")
+    else:
+        lines.append("active: none")
+    lines.append(render_proposal(m.pending) if m.pending else "pending: none")
+    if m.tombstones:
+        lines.append("tombstones: " + " ".join(f"{t.peer_id}#{t.incarnation}" for t in m.tombstones))
+    return "\n".join(lines)
+
+
+def proposal_json(p: Proposal) -> dict[str, Any]:
+    return {
+        "generation": p.generation,
+        "parent": p.parent,
+        "reason": p.reason,
+        "members": [{"rank": i, "peer_id": x.peer_id, "incarnation": x.incarnation} for i, x in enumerate(p.members)],
+        "ready": sorted(p.votes),
+        "frontier": ({"revision": p.election.frontier.revision, "digest": p.election.frontier.digest}
+                     if p.election else None),
+        "pulls": [{"peer_id": x.peer_id, "sources": list(x.sources)} for x in p.election.pulls] if p.election else [],
+        "synced": sorted(p.synced),
+    }
+
+
+def state_json(m: GenerationMachine) -> dict[str, Any]:
+    """Everything `p2pgen show --json` prints about the job (see README, 'JSON output')."""
+    return {
+        "job": m.job,
+        "active": m.active.to_json() if m.active else None,
+        "pending": proposal_json(m.pending) if m.pending else None,
+        "members": [{"peer_id": x.peer_id, "incarnation": x.incarnation, "addrs": dict(x.addrs)} for x in m.members],
+        "tombstones": [{"peer_id": t.peer_id, "incarnation": t.incarnation, "reason": t.reason, "at": t.at}
+                       for t in m.tombstones],
+    }
+
+
+def history_json(m: GenerationMachine) -> list[dict[str, Any]]:
+    return [h.to_json() for h in m.history]
