@@ -1,0 +1,58 @@
+"""The failure-detector decision: which peers to suspect now, and why.
+
+Owns: `suspects(now, history, config)`, a pure function (no clock, no I/O, no randomness): the same
+inputs always give the same answer, so the agent, the tests and the churn simulator (`p2pgen.sim`) all
+run this very code. Invariants, for every kind:
+  - a peer heard from within `config.floor` seconds is never suspected;
+  - a peer silent for more than `config.timeout` seconds is always suspected;
+  - between the two, "fixed" waits for the timeout and "phi" suspects once phi > `phi_threshold`;
+  - for a given history, suspicion is monotone in `now`: once suspected, still suspected later.
+Phi-accrual (Hayashibara et al., 2004): phi(t) = -log10 P(next interval > t), the intervals taken as
+normal with the observed mean and standard deviation (the latter at least MIN_STD_FRACTION of the mean,
+so a perfectly regular peer does not make phi jump to infinity at the first late heartbeat).
+"""
+
+from __future__ import annotations
+
+import math
+
+from p2pgen.detect.config import DetectorConfig
+from p2pgen.detect.history import HeartbeatHistory, PeerStats
+
+MIN_STD_FRACTION = 0.1
+
+
+def phi(elapsed: float, mean: float, std: float) -> float:
+    """Suspicion level of a silence of `elapsed` seconds given intervals ~ Normal(mean, std); may be inf."""
+    z = (elapsed - mean) / (std * math.sqrt(2.0))
+    p_later = 0.5 * math.erfc(z)
+    return math.inf if p_later <= 0.0 else -math.log10(p_later)
+
+
+def judge(now: float, stats: PeerStats, config: DetectorConfig) -> str | None:
+    """Reason to suspect one peer at `now`, or None. `suspects` applies this to every peer."""
+    elapsed = now - stats.last
+    if elapsed <= config.floor:
+        return None
+    if elapsed > config.timeout:
+        return f"silent for {elapsed:.2f} s > timeout {config.timeout:.2f} s"
+    if config.kind == "fixed" or stats.samples == 0:
+        return None
+    std = max(stats.std, MIN_STD_FRACTION * stats.mean)
+    level = phi(elapsed, stats.mean, std)
+    if level > config.phi_threshold:
+        return f"phi {level:.1f} > {config.phi_threshold:.1f} after {elapsed:.2f} s"
+    return None
+
+
+def suspects(now: float, history: HeartbeatHistory, config: DetectorConfig) -> dict[str, str]:
+    """peer -> human-readable reason, for every peer in `history` that should be suspected at `now`.
+
+    A peer recorded only once (no interval yet) is judged by the fixed rule with `config.timeout`.
+    """
+    found: dict[str, str] = {}
+    for peer in history.peers():
+        reason = judge(now, history.stats(peer), config)
+        if reason is not None:
+            found[peer] = reason
+    return found

@@ -1,0 +1,171 @@
+"""Properties of the detector decision (`p2pgen.detect.suspects`), checked with Hypothesis."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pgen.detect import DetectorConfig, HeartbeatHistory, judge, suspects
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> DetectorConfig:
+    timeout = draw(st.floats(0.05, 30.0))
+    return DetectorConfig(
+        kind=draw(st.sampled_from(["fixed", "phi"])),
+        timeout=timeout,
+        floor=draw(st.floats(0.01, 1.0)) * timeout,
+        phi_threshold=draw(st.floats(0.1, 20.0)),
+        heartbeat_interval=draw(st.floats(0.01, 2.0)),
+        window=draw(st.integers(2, 50)),
+    )
+
+
+@st.composite
+def histories(draw: st.DrawFn, peers: int = 3) -> HeartbeatHistory:
+    """Up to `peers` peers, each with 1..60 arrivals at positive (possibly very irregular) intervals."""
+    history = HeartbeatHistory(window=draw(st.integers(2, 50)))
+    for p in range(draw(st.integers(1, peers))):
+        t = draw(st.floats(0.0, 100.0))
+        history.record(f"p{p}", t)
+        for gap in draw(st.lists(st.floats(1e-3, 10.0), max_size=60)):
+            t += gap
+            history.record(f"p{p}", t)
+    return history
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), configs(), st.floats(0.0, 1.0))
+def test_never_suspects_a_peer_heard_within_the_floor(history, config, fraction):
+    for peer in history.peers():
+        now = history.stats(peer).last + fraction * config.floor
+        assert peer not in suspects(now, history, config)
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), configs(), st.floats(1e-6, 1000.0))
+def test_always_suspects_a_peer_silent_beyond_the_timeout(history, config, extra):
+    for peer in history.peers():
+        now = history.stats(peer).last + config.timeout + extra
+        reason = suspects(now, history, config).get(peer)
+        assert reason is not None and reason.startswith("silent for")
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), configs(), st.lists(st.floats(0.0, 50.0), min_size=2, max_size=20))
+def test_suspicion_is_monotone_in_time(history, config, offsets):
+    """Once suspected, still suspected later: the simulator's bisection relies on this."""
+    start = max(history.stats(p).last for p in history.peers())
+    seen: set[str] = set()
+    for now in sorted(start + o for o in offsets):
+        current = set(suspects(now, history, config))
+        assert seen <= current
+        seen = current
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(peers=4), configs(), st.floats(0.0, 20.0))
+def test_verdict_on_a_peer_depends_only_on_its_own_history(history, config, after):
+    now = max(history.stats(p).last for p in history.peers()) + after
+    together = suspects(now, history, config)
+    for peer in history.peers():
+        assert together.get(peer) == judge(now, history.stats(peer), config)
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), configs(), st.floats(0.0, 20.0))
+def test_suspects_is_pure(history, config, after):
+    now = max(history.stats(p).last for p in history.peers()) + after
+    before = {p: history.stats(p) for p in history.peers()}
+    assert suspects(now, history, config) == suspects(now, history, config)
+    assert {p: history.stats(p) for p in history.peers()} == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), configs(), st.floats(0.0, 60.0))
+def test_fixed_kind_suspects_exactly_the_peers_silent_beyond_the_timeout(history, config, after):
+    fixed = DetectorConfig(kind="fixed", timeout=config.timeout, floor=config.floor)
+    now = max(history.stats(p).last for p in history.peers()) + after
+    expected = {p for p in history.peers() if now - history.stats(p).last > fixed.timeout}
+    assert set(suspects(now, history, fixed)) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.floats(0.0, 100.0), st.floats(0.0, 40.0))
+def test_a_peer_recorded_once_is_judged_by_the_fixed_rule(config, at, after):
+    history = HeartbeatHistory(config.window)
+    history.record("solo", at)
+    now = at + after
+    assert ("solo" in suspects(now, history, config)) == (now - at > config.timeout)
+
+
+def test_phi_suspects_a_regular_peer_soon_after_the_floor_and_says_why():
+    config = DetectorConfig(kind="phi", timeout=5.0, floor=0.3, phi_threshold=8.0, heartbeat_interval=0.1)
+    history = HeartbeatHistory(config.window)
+    for i in range(101):
+        history.record("a", i * 0.1)
+    assert suspects(10.0 + 0.29, history, config) == {}
+    reason = suspects(10.0 + 0.31, history, config)["a"]
+    assert reason.startswith("phi ") and reason.endswith("> 8.0 after 0.31 s")
+
+
+def test_phi_waits_longer_for_an_irregular_peer():
+    config = DetectorConfig(kind="phi", timeout=5.0, floor=0.3, phi_threshold=8.0, heartbeat_interval=0.1)
+    regular, irregular = HeartbeatHistory(), HeartbeatHistory()
+    t = 0.0
+    for i in range(100):
+        regular.record("a", i * 0.1)
+        irregular.record("a", t)
+        t += 0.1 if i % 10 else 1.2
+    silence = 0.8
+    assert "a" in suspects(regular.stats("a").last + silence, regular, config)
+    assert "a" not in suspects(irregular.stats("a").last + silence, irregular, config)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 30), st.lists(st.floats(0.0, 50.0), min_size=1, max_size=80))
+def test_history_keeps_exactly_the_last_window_intervals(window, times):
+    history = HeartbeatHistory(window)
+    kept: list[float] = []
+    last = times[0]
+    for t in times:
+        history.record("a", t)
+        if t > last:
+            kept.append(t - last)
+            last = t
+    stats = history.stats("a")
+    tail = kept[-window:]
+    assert stats.last == last and stats.samples == len(tail)
+    if tail:
+        assert math.isclose(stats.mean, float(np.mean(tail)), rel_tol=1e-9, abs_tol=1e-9)
+        assert math.isclose(stats.std, float(np.std(tail)), rel_tol=1e-6, abs_tol=1e-6)
+
+
+def test_forget_removes_a_peer():
+    history = HeartbeatHistory()
+    history.record("a", 0.0)
+    history.record("b", 0.0)
+    history.forget("a")
+    history.forget("never-seen")
+    assert history.peers() == ["b"]
+    assert set(suspects(100.0, history, DetectorConfig())) == {"b"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"floor": 2.0, "timeout": 1.0}, "lower the floor or raise the timeout"),
+        ({"kind": "gossip"}, "unknown detector kind 'gossip'"),
+        ({"timeout": 0.0}, "timeout must be a positive"),
+        ({"phi_threshold": -1.0}, "phi_threshold must be a positive"),
+        ({"heartbeat_interval": math.nan}, "heartbeat_interval must be a positive"),
+        ({"window": 1}, "window must be an integer >= 2"),
+    ],
+)
+def test_invalid_configs_say_what_to_fix(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        DetectorConfig(**kwargs)
