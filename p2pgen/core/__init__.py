@@ -7,14 +7,14 @@ state and effects out. Raft, sockets, processes and clocks live in the shells ar
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
-    COMMAND_TYPES, QUIESCENCE_VALUES, Activated, Certificate, Command, Effect, Election, Frontier,
+    COMMAND_TYPES, QUIESCENCE_VALUES, Activated, Certificate, Command, Configure, Effect, Election, Frontier,
     FrontierElected, HistoryEntry, Leave, LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned,
     ProposalOpened, Pull, Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, Tombstone,
     retirement_reason,
 )
 
 __all__ = [
-    "COMMAND_TYPES", "QUIESCENCE_VALUES", "Activated", "Certificate", "Command", "Effect", "Election",
+    "COMMAND_TYPES", "QUIESCENCE_VALUES", "Activated", "Certificate", "Command", "Configure", "Effect", "Election",
     "Frontier", "FrontierElected", "GenerationMachine", "HistoryEntry", "Leave", "LogPosition", "Member",
     "MemberEvicted", "Outcome", "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready",
     "ReadyVote", "Reform", "Register", "RestartRequired", "Suspect", "Synced", "Tombstone",

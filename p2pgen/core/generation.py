@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.model import (
-    QUIESCENCE_VALUES, Activated, Certificate, Command, Effect, Election, FrontierElected, Frontier,
+    QUIESCENCE_VALUES, Activated, Certificate, Command, Configure, Effect, Election, FrontierElected, Frontier,
     HistoryEntry, Leave, LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened,
     Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, Tombstone,
 )
@@ -59,6 +59,7 @@ class GenerationMachine:
         self.last_generation = 0                    # highest generation number ever proposed
         self.last_incarnation: dict[str, int] = {}  # peer_id -> highest incarnation ever seen
         self.ownership_version = 0
+        self.min_members: int | None = None         # formation rule, set once by Configure (None: 1)
         self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
 
@@ -89,13 +90,34 @@ class GenerationMachine:
 
     # --- membership commands -----------------------------------------------------------------------
 
+    def _configure(self, cmd: Configure, position: LogPosition) -> Outcome:
+        if cmd.min_members < 1:
+            return Outcome.refused(f"configure: min_members must be >= 1, got {cmd.min_members}")
+        if self.min_members == cmd.min_members:
+            return Outcome(True, f"job already configured with min_members={cmd.min_members} (replay)")
+        if self.min_members is not None:
+            return Outcome.refused(f"configure: job already configured with min_members={self.min_members}; "
+                                   f"start every agent with the same --min-members")
+        if self.active is not None or self.history:
+            return Outcome.refused("configure: the job has already formed; min_members only governs formation")
+        self.min_members = cmd.min_members
+        effects: list[Effect] = []
+        if self.pending is None and self._formation_complete():
+            self._open(f"{len(self.members)} member(s) registered", cmd.at, effects)
+        return Outcome(True, f"configured min_members={cmd.min_members}", tuple(effects))
+
+    def _formation_complete(self) -> bool:
+        """The first generation waits for `min_members`; once the job formed, any change proposes."""
+        return self.active is not None or bool(self.history) or len(self.members) >= (self.min_members or 1)
+
     def _register(self, cmd: Register, position: LogPosition) -> Outcome:
         if not cmd.peer_id:
             return Outcome.refused("register: empty peer_id")
         if cmd.incarnation < 0:
             return Outcome.refused(f"register {cmd.peer_id}: incarnation must be >= 0, got {cmd.incarnation}")
+        addrs = tuple(sorted(cmd.addrs))   # members store addrs sorted; compare like with like on replay
         current = self.member(cmd.peer_id)
-        if current is not None and current.incarnation == cmd.incarnation and current.addrs == cmd.addrs:
+        if current is not None and current.incarnation == cmd.incarnation and current.addrs == addrs:
             return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} is already registered (replay)")
         last = self.last_incarnation.get(cmd.peer_id)
         if last is not None and cmd.incarnation <= last:
@@ -106,7 +128,7 @@ class GenerationMachine:
         if current is not None:
             self._evict(current, f"replaced by incarnation {cmd.incarnation}", cmd.at, effects)
         self.last_incarnation[cmd.peer_id] = cmd.incarnation
-        self.members.append(Member(cmd.peer_id, cmd.incarnation, tuple(sorted(cmd.addrs))))
+        self.members.append(Member(cmd.peer_id, cmd.incarnation, addrs))
         self._membership_changed(f"{cmd.peer_id}#{cmd.incarnation} joined", cmd.at, effects)
         return Outcome(True, f"registered {cmd.peer_id}#{cmd.incarnation}", tuple(effects))
 
@@ -234,7 +256,7 @@ class GenerationMachine:
             self.history.append(HistoryEntry(abandoned.generation, "abandoned", why, abandoned.members, at))
             effects.append(ProposalAbandoned(abandoned.generation, why))
             self.pending = None
-        if self.members:
+        if self.members and self._formation_complete():
             self._open(why, at, effects)
 
     def _open(self, why: str, at: float, effects: list[Effect]) -> None:
@@ -278,6 +300,7 @@ class GenerationMachine:
 
 
 _HANDLERS = {
+    Configure: GenerationMachine._configure,
     Register: GenerationMachine._register,
     Suspect: GenerationMachine._suspect,
     Leave: GenerationMachine._leave,

@@ -168,6 +168,14 @@ class Tombstone:
 # --- commands --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Configure:
+    """Job formation rule: the first generation is proposed only once `min_members` have registered."""
+
+    min_members: int
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
 class Register:
     peer_id: str
     incarnation: int
@@ -221,8 +229,9 @@ class Synced:
     at: float = 0.0
 
 
-Command = Union[Register, Suspect, Leave, Reform, Ready, Synced]
-COMMAND_TYPES: dict[str, type] = {c.__name__.lower(): c for c in (Register, Suspect, Leave, Reform, Ready, Synced)}
+Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced]
+COMMAND_TYPES: dict[str, type] = {
+    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced)}
 
 
 # --- effects ---------------------------------------------------------------------------------------
