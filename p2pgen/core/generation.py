@@ -98,7 +98,10 @@ class GenerationMachine:
         if self.min_members is not None:
             return Outcome.refused(f"configure: job already configured with min_members={self.min_members}; "
                                    f"start every agent with the same --min-members")
-        if self.active is not None or self.history:
+        if self.active is not None or self.history or self.pending is not None:
+            # A pending proposal means the first generation was already proposed under the default rule
+            # (min_members=1); accepting now would not hold it back, and the next change would count as
+            # "formed" anyway, so the new rule would be silently ignored.
             return Outcome.refused("configure: the job has already formed; min_members only governs formation")
         self.min_members = cmd.min_members
         effects: list[Effect] = []
@@ -155,6 +158,10 @@ class GenerationMachine:
             return Outcome.refused(refusal)
         if self.pending is not None:
             return Outcome(True, f"generation {self.pending.generation} is already pending; nothing to reform")
+        if self.active is None:
+            # Nothing ran yet, so no collective can have failed; and opening a proposal here would
+            # bypass the formation rule (min_members).
+            return Outcome.refused(f"reform of generation {cmd.generation}: no generation is active yet")
         if cmd.generation != self.active_generation:
             return Outcome.refused(f"reform of generation {cmd.generation}: the active generation is "
                                    f"{self.active_generation} (stale request, I2)")
