@@ -1,0 +1,306 @@
+"""The `tcp` backend: ring collectives over one generation's Session of the CPU data plane.
+
+Algorithms (N members, rank r, buffers cut into N near-equal chunks, chunks into frames of at most
+`chunk_bytes`): reduce-scatter then all-gather around the ring for all_reduce; the reduce-scatter half for
+reduce_scatter; the all-gather half for all_gather; a pipelined chain from the root for broadcast. Each
+received frame is reduced and forwarded at once, so the sender thread streams frame k+1 while the caller
+reduces frame k.
+
+Invariants:
+- Bit-identical results: each chunk is reduced in one fixed ring order and finalised (AVG divides) by
+  exactly one member; everyone else receives those bytes verbatim.
+- User buffers are written only at the end, from a private work buffer, after every frame arrived and
+  verified; when a collective raises, every buffer passed in is exactly as it was passed.
+- Every collective (send/recv aside) advances `op_seq` by one on every member; frames are stamped with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from p2pgen.collectives.backend import ReduceOp
+from p2pgen.collectives.buffers import Flat, combine, divide
+from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
+
+
+class TcpBackend:
+    """Collectives of one generation. Cheap to construct: connections are made on first use."""
+
+    def __init__(self, transport: Transport, group: Group) -> None:
+        self.session = transport.open_session(group)
+        self.group = group
+        self.rank = group.rank
+        self.world = group.world
+        self.generation = group.generation
+        self._chunk_bytes = transport.config.chunk_bytes
+        buf = transport.config.socket_buffer_bytes
+        self._inline_bytes = min(256 << 10, buf // 4) if buf else 64 << 10
+        self._op_seq = 0
+        self._p2p_sent = [0] * self.world
+        self._p2p_received = [0] * self.world
+        self._work = np.empty(0, np.uint8)
+        self._scratch = np.empty(self._chunk_bytes, np.uint8)
+
+    def __repr__(self) -> str:
+        return f"TcpBackend(generation={self.generation}, rank={self.rank}, world={self.world})"
+
+    @property
+    def op_seq(self) -> int:
+        """Collectives started in this generation (the same number on every member after each one)."""
+        return self._op_seq
+
+    # ---- collectives ---------------------------------------------------------------------------
+    def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
+        op, flat = _op(op), Flat(buf, "all_reduce buffer")
+        _check_op(op, flat)
+        with self.session.operation("all_reduce"):
+            seq = self._next_seq()
+            if self.world > 1 and flat.size:
+                work = self._work_for(flat)
+                pipe = self._ring_pipe(seq, flat.raw.nbytes)
+                bounds = _split(flat.size, self.world)
+                self._reduce_scatter(pipe, op, flat, flat.elems, work, bounds, gather=True)
+                self._all_gather(pipe, work, bounds)
+                pipe.flush()
+                np.copyto(flat.elems, work)
+        return buf
+
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
+        op, out, inp = _op(op), Flat(output, "reduce_scatter output"), Flat(input, "reduce_scatter input")
+        _check_op(op, inp)
+        self._check_pair(out, inp, "reduce_scatter")
+        with self.session.operation("reduce_scatter"):
+            seq = self._next_seq()
+            if self.world == 1:
+                np.copyto(out.elems, inp.elems)
+            elif out.size:
+                work = self._work_for(inp)
+                pipe = self._ring_pipe(seq, inp.raw.nbytes)
+                bounds = _blocks(out.size, self.world)
+                self._reduce_scatter(pipe, op, inp, inp.elems, work, bounds, gather=False)
+                pipe.flush()
+                lo, hi = bounds[self.rank]
+                np.copyto(out.elems, work[lo:hi])
+        return output
+
+    def all_gather(self, output: Any, input: Any) -> Any:
+        out, inp = Flat(output, "all_gather output"), Flat(input, "all_gather input")
+        self._check_pair(inp, out, "all_gather")
+        with self.session.operation("all_gather"):
+            seq = self._next_seq()
+            bounds = _blocks(inp.size, self.world)
+            if self.world > 1 and inp.size:
+                work = self._work_for(out)
+                pipe = self._ring_pipe(seq, out.raw.nbytes)
+                lo, hi = bounds[self.rank]
+                for a, b in _segments(lo, hi, self._seg(inp)):
+                    pipe.send(inp.elems[a - lo:b - lo])
+                self._all_gather(pipe, work, bounds)
+                pipe.flush()
+                np.copyto(out.elems, work)
+            lo, hi = bounds[self.rank]
+            np.copyto(out.elems[lo:hi], inp.elems)
+        return output
+
+    def broadcast(self, buf: Any, root: int) -> Any:
+        flat = Flat(buf, "broadcast buffer")
+        self._check_rank(root, "root")
+        with self.session.operation("broadcast"):
+            seq = self._next_seq()
+            if self.world > 1 and flat.size:
+                self._broadcast(seq, flat, root)
+        return buf
+
+    def barrier(self) -> None:
+        """Returns once every member has entered the barrier."""
+        self.all_reduce(np.zeros(1, np.int32))
+
+    def send(self, buf: Any, dst: int) -> None:
+        """Returns once the payload is handed to the kernel; pair it with `recv` on `dst` (blocking, as in MPI)."""
+        flat = Flat(buf, "send buffer")
+        self._check_peer(dst, "dst")
+        with self.session.operation("send"):
+            conn = self.session.link(dst)
+            pipe = _Pipe(None, conn, FrameKind.P2P, self._p2p_sent[dst], inline=False)
+            self._p2p_sent[dst] += 1
+            for a, b in _segments(0, flat.size, self._seg(flat)):
+                pipe.send(flat.elems[a:b])
+            pipe.flush()
+
+    def recv(self, buf: Any, src: int) -> Any:
+        flat = Flat(buf, "recv buffer")
+        self._check_peer(src, "src")
+        with self.session.operation("recv"):
+            conn = self.session.link(src)
+            pipe = _Pipe(conn, None, FrameKind.P2P, self._p2p_received[src], inline=False)
+            self._p2p_received[src] += 1
+            work = self._work_for(flat)
+            for a, b in _segments(0, flat.size, self._seg(flat)):
+                pipe.recv(work[a:b])
+            np.copyto(flat.elems, work)
+        return buf
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Make the ring's connections now rather than in the first collective."""
+        with self.session.operation("connect"):
+            if self.world > 1:
+                self._ring_links()
+
+    def abort(self, reason: str) -> str:
+        """Retire this generation; in-flight collectives raise GenerationChanged. Returns the quiescence."""
+        return self.session.abort(reason)
+
+    def close(self) -> None:
+        self.session.abort("communicator closed by its owner")
+
+    # ---- ring algorithms -----------------------------------------------------------------------
+    def _reduce_scatter(self, pipe: "_Pipe", op: ReduceOp, flat: Flat, src: np.ndarray, work: np.ndarray,
+                        bounds: list[tuple[int, int]], gather: bool) -> None:
+        """After N-1 steps rank r holds the reduction of chunk r in `work` (forwarded on if `gather`)."""
+        n, r, seg = self.world, self.rank, self._seg(flat)
+        scratch = self._scratch[:seg * src.itemsize].view(src.dtype)
+        for a, b in _segments(*bounds[(r - 1) % n], seg):
+            pipe.send(src[a:b])
+        for step in range(n - 1):
+            last = step == n - 2
+            for a, b in _segments(*bounds[(r - step - 2) % n], seg):
+                got = pipe.recv(scratch[:b - a])
+                combine(op, flat.bf16, work[a:b], src[a:b], got)
+                if last and op is ReduceOp.AVG:
+                    divide(flat.bf16, work[a:b], n)
+                if gather or not last:
+                    pipe.send(work[a:b])
+
+    def _all_gather(self, pipe: "_Pipe", work: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+        """Rank r's chunk r is on its way to r+1 already; receive and forward the others."""
+        n, r, seg = self.world, self.rank, self._seg_elems(work.itemsize)
+        for step in range(n - 1):
+            for a, b in _segments(*bounds[(r - step - 1) % n], seg):
+                pipe.recv(work[a:b])
+                if step < n - 2:
+                    pipe.send(work[a:b])
+
+    def _broadcast(self, seq: int, flat: Flat, root: int) -> None:
+        n, r = self.world, self.rank
+        pos = (r - root) % n
+        prev = self.session.link((r - 1) % n) if pos else None
+        nxt = self.session.link((r + 1) % n) if pos < n - 1 else None
+        pipe = _Pipe(prev, nxt, FrameKind.COLLECTIVE, seq, inline=flat.raw.nbytes <= self._inline_bytes)
+        segs = _segments(0, flat.size, self._seg(flat))
+        if pos == 0:
+            for a, b in segs:
+                pipe.send(flat.elems[a:b])
+            pipe.flush()
+            return
+        work = self._work_for(flat)
+        for a, b in segs:
+            pipe.recv(work[a:b])
+            if nxt is not None:
+                pipe.send(work[a:b])
+        pipe.flush()
+        np.copyto(flat.elems, work)
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _ring_links(self) -> tuple[Connection, Connection]:
+        prev, nxt = (self.rank - 1) % self.world, (self.rank + 1) % self.world
+        for peer in sorted({prev, nxt}, key=lambda p: p < self.rank):   # dial first, then wait
+            self.session.link(peer)
+        return self.session.link(prev), self.session.link(nxt)
+
+    def _ring_pipe(self, seq: int, nbytes: int) -> "_Pipe":
+        prev, nxt = self._ring_links()
+        return _Pipe(prev, nxt, FrameKind.COLLECTIVE, seq, inline=nbytes <= self._inline_bytes)
+
+    def _next_seq(self) -> int:
+        seq = self._op_seq
+        self._op_seq += 1
+        return seq
+
+    def _seg(self, flat: Flat) -> int:
+        return self._seg_elems(flat.elems.itemsize)
+
+    def _seg_elems(self, itemsize: int) -> int:
+        return max(1, self._chunk_bytes // itemsize)
+
+    def _work_for(self, flat: Flat) -> np.ndarray:
+        nbytes = flat.raw.nbytes
+        if self._work.nbytes < nbytes:
+            self._work = np.empty(nbytes, np.uint8)
+        return self._work[:nbytes].view(flat.elems.dtype)
+
+    def _check_pair(self, small: Flat, big: Flat, name: str) -> None:
+        if not small.same_kind(big):
+            raise TypeError(f"{name}: dtypes differ ({small.dtype_name} vs {big.dtype_name})")
+        if big.size != small.size * self.world:
+            raise ValueError(f"{name}: the larger buffer has {big.size} elements, expected world "
+                             f"({self.world}) x {small.size} = {small.size * self.world}")
+
+    def _check_rank(self, rank: int, what: str) -> None:
+        if not isinstance(rank, int) or not 0 <= rank < self.world:
+            raise ValueError(f"{what}={rank!r} is not a rank of generation {self.generation} "
+                             f"(0..{self.world - 1})")
+
+    def _check_peer(self, rank: int, what: str) -> None:
+        self._check_rank(rank, what)
+        if rank == self.rank:
+            raise ValueError(f"{what}={rank} is this member itself: send/recv need another rank")
+
+
+class _Pipe:
+    """One operation's frame streams: receive from `src`, send to `dst`, with per-op frame counters."""
+
+    def __init__(self, src: Connection | None, dst: Connection | None, kind: int, seq: int,
+                 inline: bool) -> None:
+        self.src, self.dst, self.kind, self.seq, self.inline = src, dst, kind, seq, inline
+        self.sent = 0
+        self.received = 0
+
+    def send(self, arr: np.ndarray) -> None:
+        self.dst.post(self.kind, self.seq, self.sent, arr.view(np.uint8), self.inline)
+        self.sent += 1
+
+    def recv(self, arr: np.ndarray) -> np.ndarray:
+        stamp = (self.kind, self.seq, self.received)
+        slot = RecvSlot(memoryview(arr.view(np.uint8)))
+        self.src.recv_into(slot, *stamp)
+        slot.take(stamp)
+        self.received += 1
+        return arr
+
+    def flush(self) -> None:
+        if self.dst is not None and not self.inline:
+            self.dst.flush()
+
+
+def _op(op: ReduceOp | str) -> ReduceOp:
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"unknown reduce op {op!r}; use one of {[o.value for o in ReduceOp]}") from None
+
+
+def _check_op(op: ReduceOp, flat: Flat) -> None:
+    if op is ReduceOp.AVG and flat.is_integer:
+        raise TypeError(f"avg of {flat.dtype_name} is not defined: use sum and divide as you need")
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` near-equal contiguous ranges covering 0..n."""
+    base, extra = divmod(n, parts)
+    out, lo = [], 0
+    for i in range(parts):
+        hi = lo + base + (i < extra)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _blocks(m: int, parts: int) -> list[tuple[int, int]]:
+    return [(i * m, (i + 1) * m) for i in range(parts)]
+
+
+def _segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
+    return [(a, min(hi, a + seg)) for a in range(lo, hi, seg)]

@@ -1,0 +1,256 @@
+"""One authenticated TCP connection of one generation: framed sends (on a sender thread) and verified
+receives (on the caller's thread).
+
+Invariants:
+- A frame is delivered only if its checksum verifies and its stamp is exactly (job, generation, the
+  peer's incarnation, the expected kind, op_seq and chunk). A frame of another generation or incarnation
+  is dropped and counted (I2, I3); any other bad frame is counted and closes the connection.
+- Receive slots: the destination is marked empty before each receive and marked full only after a frame
+  verified into it, so a torn, stale or corrupt frame is never consumed as data.
+- The socket is closed only after the sender thread has stopped, so no thread ever writes to a reused fd.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+from typing import Callable
+
+import numpy as np
+import xxhash
+
+from p2pgen.errors import PeerLost, ProtocolError
+from p2pgen.transport import frame
+from p2pgen.transport.stats import RejectCounters
+
+log = logging.getLogger(__name__)
+
+_DISCARD_BYTES = 1 << 20
+
+
+class RecvSlot:
+    """A destination for one frame's payload, with an explicit empty/full state."""
+
+    __slots__ = ("view", "full", "stamp")
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.full = False
+        self.stamp: tuple[int, int, int] | None = None
+
+    def mark_empty(self) -> None:
+        self.full = False
+        self.stamp = None
+
+    def fill(self, stamp: tuple[int, int, int]) -> None:
+        self.full = True
+        self.stamp = stamp
+
+    def take(self, stamp: tuple[int, int, int]) -> memoryview:
+        """The payload, if the slot holds the frame with `stamp` (kind, op_seq, chunk); empties the slot."""
+        if not self.full or self.stamp != stamp:
+            raise ProtocolError(f"receive slot holds {self.stamp if self.full else 'nothing'}, "
+                                f"expected frame {stamp}: refusing to consume it")
+        self.mark_empty()
+        return self.view
+
+
+class Connection:
+    """A connected, handshaken socket bound to one generation and one remote (peer_id, incarnation)."""
+
+    def __init__(self, sock: socket.socket, *, job: str, generation: int, my_incarnation: int,
+                 peer: tuple[str, int], rank: int, max_frame_bytes: int, op_timeout: float | None,
+                 counters: RejectCounters, on_error: Callable[[Exception], None]) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.rank = rank
+        self.generation = generation
+        self._tag = frame.job_tag(job)
+        self._my_inc = my_incarnation
+        self._max = max_frame_bytes
+        self._counters = counters
+        self._on_error = on_error
+        self._hdr = bytearray(frame.HEADER_BYTES)
+        self._discard = bytearray(min(_DISCARD_BYTES, max_frame_bytes))
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._send_error: Exception | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        sock.settimeout(op_timeout)
+        self._sender = threading.Thread(target=self._send_loop, name=f"p2pgen-send-g{generation}-r{rank}",
+                                        daemon=True)
+        self._sender.start()
+
+    def __repr__(self) -> str:
+        return f"Connection(gen={self.generation}, rank={self.rank}, peer={self.peer})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- sending -------------------------------------------------------------------------------
+    def post(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray, inline: bool = False) -> None:
+        """Send one frame: queued for the sender thread, or (`inline`) on the caller's thread.
+
+        A queued `payload` (uint8, contiguous) must stay unchanged until `flush()` returns. Send inline
+        only while nothing is queued and the bytes in flight fit the socket buffers, or a ring deadlocks.
+        """
+        if not inline:
+            self._queue.put((kind, op_seq, chunk, payload))
+            return
+        if self._send_error is None:
+            self._send_one(kind, op_seq, chunk, payload)
+        if self._send_error is not None:
+            raise self._send_error
+
+    def flush(self) -> None:
+        """Wait until every posted frame was handed to the kernel; raises the send error, if any."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
+        if self._send_error is not None:
+            raise self._send_error
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+            elif self._send_error is None:
+                self._send_one(*item)
+
+    def _send_one(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray) -> None:
+        header = frame.pack_header(kind, self._tag, self.generation, self._my_inc, op_seq, chunk, payload)
+        try:
+            _sendmsg_all(self.sock, [header, memoryview(payload)])
+        except OSError as e:
+            self._send_error = PeerLost(f"sending to {self._who()} failed: {e!r}")
+            self._on_error(self._send_error)
+
+    # ---- receiving -----------------------------------------------------------------------------
+    def recv_into(self, slot: RecvSlot, kind: int, op_seq: int, chunk: int) -> None:
+        """Fill `slot` with the next frame stamped (kind, op_seq, chunk) of this generation.
+
+        Frames of another generation or incarnation are dropped and counted; any other mismatch is
+        counted, closes the connection and raises ProtocolError. A closed peer raises PeerLost.
+        """
+        slot.mark_empty()
+        while True:
+            h = self._read_header()
+            dest = slot.view if h.length == len(slot.view) else None
+            ok = self._read_payload(h, dest)
+            self._check_frame(h, ok)
+            if h.generation != self.generation:
+                self._drop("stale_generation", f"frame of generation {h.generation} on a generation "
+                           f"{self.generation} connection")
+                continue
+            if h.incarnation != self.peer[1]:
+                self._drop("wrong_incarnation", f"frame of incarnation {h.incarnation}, "
+                           f"peer is incarnation {self.peer[1]}")
+                continue
+            if (h.kind, h.op_seq, h.chunk) != (kind, op_seq, chunk) or dest is None:
+                self._fatal("malformed", f"got frame kind={h.kind} op_seq={h.op_seq} chunk={h.chunk} of "
+                            f"{h.length} bytes, expected kind={kind} op_seq={op_seq} chunk={chunk} of "
+                            f"{len(slot.view)} bytes: do all members call the same collectives, in the same "
+                            "order, with the same shapes and dtypes?")
+            slot.fill((kind, op_seq, chunk))
+            return
+
+    def _read_header(self) -> frame.Header:
+        self._read_exact(memoryview(self._hdr), start_of_frame=True)
+        try:
+            h = frame.unpack_header(self._hdr)
+        except ValueError as e:
+            self._fatal("malformed", str(e))
+        if h.length > self._max:
+            self._fatal("oversized", f"frame of {h.length} bytes exceeds max_frame_bytes={self._max}")
+        return h
+
+    def _read_payload(self, h: frame.Header, dest: memoryview | None) -> bool:
+        """Read the payload (into dest, or discarded) and return whether its checksum verifies."""
+        prefix = bytes(self._hdr[:frame.HEADER_BYTES - 8])
+        if dest is not None:
+            self._read_exact(dest)
+            return frame.checksum(prefix, dest) == h.checksum
+        hasher = xxhash.xxh3_64(prefix)
+        left = h.length
+        while left:
+            piece = memoryview(self._discard)[:min(left, len(self._discard))]
+            self._read_exact(piece)
+            hasher.update(piece)
+            left -= len(piece)
+        return hasher.intdigest() == h.checksum
+
+    def _check_frame(self, h: frame.Header, checksum_ok: bool) -> None:
+        if not checksum_ok:
+            self._fatal("bad_checksum", f"payload checksum mismatch in frame op_seq={h.op_seq} chunk={h.chunk}")
+        if h.job_tag != self._tag:
+            self._fatal("malformed", "frame of another job")
+
+    def _read_exact(self, view: memoryview, start_of_frame: bool = False) -> None:
+        got, n = 0, len(view)
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:], n - got)
+            except OSError as e:
+                raise PeerLost(f"receiving from {self._who()} failed: {e!r}") from e
+            if k == 0:
+                if got == 0 and start_of_frame:
+                    raise PeerLost(f"{self._who()} closed the connection")
+                self._counters.add("truncated")
+                log.warning("%s: truncated frame (%d of %d bytes), closing", self._who(), got, n)
+                self.shutdown()
+                raise PeerLost(f"{self._who()} closed the connection in the middle of a frame (truncated)")
+            got += k
+
+    def _drop(self, reason: str, detail: str) -> None:
+        self._counters.add(reason)
+        log.warning("%s: dropped frame (%s): %s", self._who(), reason, detail)
+
+    def _fatal(self, reason: str, detail: str):
+        self._counters.add(reason)
+        log.warning("%s: closing connection (%s): %s", self._who(), reason, detail)
+        self.shutdown()
+        raise ProtocolError(f"frame from {self._who()} rejected ({reason}): {detail}; connection closed")
+
+    def _who(self) -> str:
+        return f"{self.peer[0]} (incarnation {self.peer[1]}, rank {self.rank}, generation {self.generation})"
+
+    # ---- teardown ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Wake every thread blocked on this socket; safe from any thread, any number of times."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self, timeout: float) -> bool:
+        """Shut down, stop the sender thread and close the socket; True if the sender stopped in time."""
+        with self._lock:
+            if self._closed:
+                return True
+            self._closed = True
+        self.shutdown()
+        self._queue.put(None)
+        self._sender.join(timeout)
+        stopped = not self._sender.is_alive()
+        if stopped:
+            self.sock.close()
+        return stopped
+
+
+def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0

@@ -1,0 +1,28 @@
+"""Counters of rejected frames and connections, by reason; readable by tests and the step loop.
+
+Invariant: every frame or connection the transport refuses is counted exactly once under one reason
+(I2, I3, I8 ask for rejections to be counted, never silently dropped).
+"""
+
+from __future__ import annotations
+
+import threading
+
+REASONS = ("stale_generation", "wrong_incarnation", "bad_checksum", "oversized", "truncated",
+           "auth_failed", "malformed", "not_member")
+
+
+class RejectCounters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(REASONS, 0)
+
+    def add(self, reason: str) -> None:
+        if reason not in self._counts:
+            raise ValueError(f"unknown reject reason {reason!r}; known: {REASONS}")
+        with self._lock:
+            self._counts[reason] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
