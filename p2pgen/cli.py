@@ -15,6 +15,7 @@ import sys
 
 COMMAND_MODULES = (
     "p2pgen.agent.cli",   # join, show, history
+    "p2pgen.sim.cli",
 )
 
 
