@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -21,7 +22,7 @@ from p2pgen.sim.tables import (  # noqa: E402
     MTBFS, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS, TIMEOUTS,
 )
 
-BAND_COLORS = {"hang": "tab:red", "reconfigure": "lightcoral", "false eviction": "tab:purple"}
+BAND_COLORS = {"hang": "darkred", "reconfigure": "salmon", "false eviction": "tab:purple"}
 KIND_BANDS = {"hang": "hang", "evict": "reconfigure", "rejoin": "reconfigure",
               "false-evict": "false eviction", "false-rejoin": "false eviction"}
 
@@ -70,16 +71,17 @@ def _morph(ax: plt.Axes, run: Run) -> None:
         seen.add(band)
     times, sizes = zip(*run.sizes)
     ax.step(list(times) + [end], list(sizes) + [sizes[-1]], where="post", color="tab:blue", lw=2, label="members")
-    ax.set(xlim=(0, end), ylim=(0, run.scenario.size + 1), xlabel="time (s)", ylabel="members")
+    ax.set(xlim=(0, end), ylim=(0, run.scenario.size + 4), xlabel="time (s)", ylabel="members")
+    ax.set_yticks(range(run.scenario.size + 1))
     twin = ax.twinx()
     grid = np.linspace(0.0, end, 2000)
     twin.plot(grid, run.progress(grid), color="tab:orange", lw=2, label="cumulative progress")
     twin.plot([0, end], [0, end], ":", color="gray", label="no churn")
-    twin.set(ylim=(0, end * 1.05), ylabel="cumulative progress (s of training)")
+    twin.set(ylim=(0, end * 1.5), ylabel="cumulative progress (s of training)")
     ax.set_title(f"{run.scenario.name}: MTBF {run.scenario.mtbf:g} s, goodput {run.goodput():.2f} over this window")
     handles = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="upper left", ncol=2)
+    ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="upper left", ncol=3)
 
 
 def _goodput(ax: plt.Axes, r: ChurnResult) -> None:
@@ -91,6 +93,7 @@ def _goodput(ax: plt.Axes, r: ChurnResult) -> None:
     ax.set(xscale="log", xlabel="cluster MTBF (s, log scale)", ylabel="goodput (share of wall-clock kept)",
            title="Goodput vs churn, one design change at a time", ylim=(0, 1.0))
     ax.set_xticks(MTBFS, [f"{m:g}" for m in MTBFS])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7.5, loc="lower right")
     ax.grid(alpha=0.3)
 
