@@ -30,10 +30,11 @@ _LEN = struct.Struct(">I")
 class HandshakeRejected(Exception):
     """The listener refused a dialer; `reason` is a stats reason."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, tell: bool = False) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.tell = tell   # the dialer is owed a REJECT message (send it with `refuse`)
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,13 @@ def _send(sock: socket.socket, msg: dict) -> None:
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
-def _tell(sock: socket.socket, msg: dict) -> None:
-    """Best effort: the dialer may already be gone, and the refusal is counted either way."""
-    try:
-        _send(sock, msg)
-    except OSError:
-        pass
+def refuse(sock: socket.socket, rejected: HandshakeRejected) -> None:
+    """Tell the dialer why it was refused; best effort, the dialer may already be gone."""
+    if rejected.tell:
+        try:
+            _send(sock, {"reason": rejected.reason, "detail": rejected.detail})
+        except OSError:
+            pass
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -146,19 +148,18 @@ def _raise_if_rejected(reply: dict, hello: Hello) -> None:
 def accept(sock: socket.socket, key: bytes, job: str, me: tuple[str, int], decide) -> Hello:
     """Run the listener's side. `decide(hello)` returns None to accept or (reason, detail) to refuse.
 
-    Raises HandshakeRejected (after telling the dialer why, when it proved the secret) on any refusal.
+    Raises HandshakeRejected on any refusal; the caller counts it, then calls `refuse` to tell the dialer.
     """
     hello = _parse_hello(_recv(sock))
     nonce_s = auth.new_nonce()
     _send(sock, {"ns": nonce_s})
     proof = _field(_recv(sock), "p", bytes)
     if hello.job != job or not auth.verify(key, proof, b"dialer", *hello.binding(), hello.nonce, nonce_s):
-        _tell(sock, {"reason": "auth_failed", "detail": "proof of the job secret did not verify"})
-        raise HandshakeRejected("auth_failed", f"dialer claiming {hello.dialer} failed the secret proof")
+        raise HandshakeRejected("auth_failed", f"dialer claiming {hello.dialer} failed the secret proof",
+                                tell=True)
     refusal = decide(hello) if hello.target == me else (
         "wrong_incarnation", f"this listener is {me}, not {hello.target}")
     if refusal is not None:
-        _tell(sock, {"reason": refusal[0], "detail": refusal[1]})
-        raise HandshakeRejected(*refusal)
+        raise HandshakeRejected(*refusal, tell=True)
     _send(sock, {"p": auth.prove(key, b"listener", *hello.binding(), hello.nonce, nonce_s)})
     return hello

@@ -148,7 +148,10 @@ class Transport:
             sock.settimeout(self.config.handshake_timeout)
             hello = handshake.accept(sock, self.key, self.job, self.identity, self._decide)
         except handshake.HandshakeRejected as e:
-            self._refuse(sock, e.reason, e.detail)
+            self.counters.add(e.reason)
+            log.warning("refused a data connection (%s): %s", e.reason, e.detail)
+            handshake.refuse(sock, e)
+            sock.close()
             return
         except OSError as e:
             self._refuse(sock, "truncated", f"handshake did not complete: {e!r}")
