@@ -26,14 +26,22 @@ class SecretError(ValueError):
 def load_secret(path: str | None, job: str) -> bytes:
     """Read the job secret from `path` (or the file named by $P2PGEN_SECRET_FILE).
 
-    With neither, fall back to an insecure secret derived from the job name and log a warning:
-    convenient for a local demo, never for a real job.
+    With neither, fall back to `insecure_default_secret(job)` and log a warning: convenient for a
+    local demo, never for a real job.
     """
-    path = path or os.environ.get(SECRET_ENV)
-    if not path:
+    secret = read_secret_file(path)
+    if secret is None:
         log.warning("no --secret-file given: job %r uses an insecure default secret; "
                     "any process that knows the job name can join", job)
-        return hashlib.sha256(b"p2pgen-insecure-default:" + job.encode()).digest()
+        return insecure_default_secret(job)
+    return secret
+
+
+def read_secret_file(path: str | None) -> bytes | None:
+    """The secret in `path` (or $P2PGEN_SECRET_FILE); None when neither names a file."""
+    path = path or os.environ.get(SECRET_ENV)
+    if not path:
+        return None
     try:
         with open(path, "rb") as f:
             data = f.read().strip()
@@ -42,6 +50,11 @@ def load_secret(path: str | None, job: str) -> bytes:
     if not data:
         raise SecretError(f"secret file {path!r} is empty: put at least 16 random bytes in it")
     return data
+
+
+def insecure_default_secret(job: str) -> bytes:
+    """The secret of a job started without --secret-file (demo only: derivable from the job name)."""
+    return hashlib.sha256(b"p2pgen-insecure-default:" + job.encode()).digest()
 
 
 def derive_key(secret: bytes, job: str, purpose: str) -> bytes:

@@ -100,8 +100,6 @@ class RaftNode:
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
         self._stop = threading.Event()
-        self._paused_since: float | None = None
-        self._pause_check: Callable[[float], bool] | None = None
         self._thread = threading.Thread(target=self._run, name=f"raft-{self_addr}", daemon=True)
         self._started = threading.Event()
         self._error: BaseException | None = None
@@ -117,12 +115,6 @@ class RaftNode:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
-
-    def set_stall_guard(self, guard: Callable[[float], bool]) -> None:
-        """`guard(gap)` is asked before ticking after the thread was stalled for `gap` seconds (e.g. a
-        SIGSTOP). While it returns False the node does not tick, so a node that may have been removed
-        from the cluster cannot disrupt it with stale vote requests before its agent has checked."""
-        self._pause_check = guard
 
     # --- API for other threads ---------------------------------------------------------------------
 
@@ -173,15 +165,8 @@ class RaftNode:
             self._started.set()
             return
         self._started.set()
-        last_tick = time.monotonic()
         try:
             while not self._stop.is_set():
-                now = time.monotonic()
-                gap = now - last_tick
-                if self._pause_check is not None and gap > 0.5 and not self._pause_check(gap):
-                    time.sleep(0.05)
-                    continue
-                last_tick = now
                 self._so.doTick(self.timing.tick)
                 self._drain_inbox()
                 self._drive_requests()
@@ -237,6 +222,8 @@ class RaftNode:
             self._finish(request, result=result)
         elif error == FAIL_REASON.REQUEST_DENIED and self._membership_already_done(request):
             self._finish(request, result=None)
+        elif error == FAIL_REASON.NOT_LEADER and request.kind == "transfer":
+            self._finish(request, result=None)      # leadership already moved: nothing left to transfer
         else:
             log.debug("%s attempt %d failed (reason %s); retrying", request.kind, attempt, error)
             request.retry_at = time.monotonic() + self.timing.retry_pause

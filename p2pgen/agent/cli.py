@@ -1,0 +1,246 @@
+"""`p2pgen join | show | history`: start an agent, inspect a job.
+
+Owns: argument parsing for the agent commands, the human-readable tables of `show` and `history`
+(their JSON is the stable form documented in the README), and the `join --local N` demo, which starts
+N symmetric agents on 127.0.0.1 and stops every one of them, by pid, on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from typing import Any
+
+from p2pgen.auth import SecretError, load_secret, read_secret_file
+from p2pgen.detect import add_detector_arguments, config_from_args
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    join = sub.add_parser("join", help="start an agent: join a job (or start one) and supervise COMMAND",
+                          description="Start this host's agent. With no --peer it starts a new job; with peers it "
+                                      "joins the running job through any live member. The Raft port is PORT+1.")
+    join.add_argument("--job", default="demo", help="job name (default: demo)")
+    join.add_argument("--id", dest="peer_id", help="stable peer id, e.g. node3/gpu1")
+    join.add_argument("--listen", metavar="HOST:PORT", help="control address (Raft uses PORT+1; use ports < 32768)")
+    join.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="a member's control address")
+    join.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE, else an "
+                                            "insecure demo secret)")
+    join.add_argument("--max-restarts", type=int, default=10, help="restarts of a failing COMMAND before leaving")
+    join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
+                                                                 "members registered (same value on every agent)")
+    join.add_argument("--join-timeout", type=float, default=30.0, help="seconds to find a live member")
+    join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
+    join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 2)")
+    add_detector_arguments(join)
+    join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
+    join.set_defaults(func=cmd_join)
+
+    for name, func, text in (("show", cmd_show, "the active certificate and pending proposal of a job"),
+                             ("history", cmd_history, "the generations of a job so far")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--peer", required=True, metavar="HOST:PORT", help="control address of any member's agent")
+        p.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE)")
+        p.add_argument("--json", action="store_true", help="stable JSON (see README)")
+        p.set_defaults(func=func)
+
+
+def _command(args: argparse.Namespace) -> list[str] | None:
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    return command or None
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    if args.local:
+        return run_local_demo(args)
+    if not args.peer_id or not args.listen:
+        print("p2pgen join: --id and --listen are required (or use --local N)", file=sys.stderr)
+        return 2
+    from p2pgen.agent.agent import Agent, AgentConfig, JoinError
+    try:
+        detector = config_from_args(args)
+        secret = load_secret(args.secret_file, args.job)
+    except (ValueError, SecretError) as e:
+        print(f"p2pgen join: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
+                              peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
+                              min_members=args.min_members, detector=detector, join_timeout=args.join_timeout))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.request_leave())
+    try:
+        return agent.run()
+    except JoinError as e:
+        print(f"p2pgen join: {e}", file=sys.stderr)
+        return 2
+
+
+# --- show / history ----------------------------------------------------------------------------------
+
+def _client(args: argparse.Namespace):
+    from p2pgen.agent.client import AgentClient
+    return AgentClient(args.peer, read_secret_file(args.secret_file))
+
+
+def _fetch(args: argparse.Namespace, method: str) -> Any:
+    from p2pgen.errors import P2PGenError
+    try:
+        with _client(args) as client:
+            return getattr(client, method)()
+    except (OSError, P2PGenError, SecretError) as e:
+        print(f"p2pgen {method}: cannot ask the agent at {args.peer}: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    shown = _fetch(args, "show")
+    if shown is None:
+        return 1
+    print(json.dumps(shown, indent=2, sort_keys=True) if args.json else format_show(shown))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    history = _fetch(args, "history")
+    if history is None:
+        return 1
+    print(json.dumps(history, indent=2, sort_keys=True) if args.json else format_history(history))
+    return 0
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3] if ts else "-"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def format_show(shown: dict[str, Any]) -> str:
+    state, raft = shown["state"], shown["raft"]
+    lines = [f"job {state['job']} · Raft term {raft['term']}, index {raft['index']}, leader {raft['leader']} "
+             f"· {len(raft['nodes'])} agent(s)"]
+    cert = state["active"]
+    if cert is None:
+        lines.append("no active generation yet")
+    else:
+        lines += [
+            f"generation {cert['generation']} (parent {cert['parent']}) active since {_when(cert['activated_at'])}, "
+            f"certified at Raft term {cert['raft_term']} index {cert['raft_index']}",
+            f"reason:   {cert['reason']}",
+            f"frontier: revision {cert['frontier']['revision']}, digest {cert['frontier']['digest'] or '<empty>'}; "
+            f"owners {', '.join(cert['owners'])} (ownership v{cert['ownership_version']}); "
+            f"collective seq frontier {cert['collective_seq_frontier']}",
+        ]
+        quiescence = {q["peer_id"]: q["quiescence"] for q in cert["quiescence"]}
+        revisions = {r["peer_id"]: r["revision"] for r in cert["revisions"]}
+        pulled = {p["peer_id"]: "/".join(p["sources"]) for p in cert["pulled"]}
+        rows = [["rank", "peer", "incarnation", f"quiescence(g{cert['parent']})", "revision", "pulled from", "agent"]]
+        rows += [[m["rank"], m["peer_id"], m["incarnation"], quiescence[m["peer_id"]], revisions[m["peer_id"]],
+                  pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")] for m in cert["members"]]
+        lines += ["", _table(rows), ""]
+        for d in cert["departed"]:
+            lines.append(f"departed: {d['peer_id']}#{d['incarnation']}: {d['reason']}")
+        if cert["divergence"]:
+            lines.append("DIVERGENCE: " + ", ".join(f"{d['peer_id']} held {d['digest']}" for d in cert["divergence"]))
+        lines.append(f"why generation {cert['parent']} was safe to retire: {cert['retired_safely']}")
+    pending = state["pending"]
+    if pending:
+        members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in pending["members"])
+        lines.append(f"pending:  generation {pending['generation']} [{members}] ready: "
+                     f"{', '.join(pending['ready']) or 'none'} — {pending['reason']}")
+    return "\n".join(lines)
+
+
+def format_history(history: list[dict[str, Any]]) -> str:
+    if not history:
+        return "no generation yet"
+    rows = [["gen", "outcome", "at", "members", "reason"]]
+    rows += [[h["generation"], h["outcome"], _when(h["at"]),
+              " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in h["members"]), h["reason"]] for h in history]
+    return _table(rows)
+
+
+# --- the local demo ------------------------------------------------------------------------------------
+
+def run_local_demo(args: argparse.Namespace) -> int:
+    """Start N agents with symmetric configuration, print each new generation, stop all on Ctrl-C."""
+    n = args.local
+    ports = [args.base_port + 2 * i for i in range(n)]
+    if not 0 < n <= 64 or ports[-1] + 1 >= 32768:
+        print("p2pgen join --local: N must be 1..64 and every port below 32768", file=sys.stderr)
+        return 2
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    procs: list[subprocess.Popen] = []
+    workdir = tempfile.mkdtemp(prefix="p2pgen-demo-")
+    if not args.secret_file:
+        args.secret_file = os.path.join(workdir, "secret")
+        with open(os.open(args.secret_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+    passthrough = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
+                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
+                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
+                   f"--max-restarts={args.max_restarts}"]
+    passthrough.append(f"--secret-file={args.secret_file}")
+    command = _command(args)
+    try:
+        for i, addr in enumerate(addrs):
+            cmd = [sys.executable, "-m", "p2pgen", "join", "--job", args.job, "--id", f"peer{i}", "--listen", addr,
+                   "--min-members", str(n), *passthrough]
+            cmd += [f"--peer={a}" for a in addrs if a != addr]
+            if command:
+                cmd += ["--", *command]
+            procs.append(subprocess.Popen(cmd, start_new_session=True))   # Ctrl-C reaches only this process
+        print(f"started {n} agents of job {args.job!r} at {', '.join(addrs)}; Ctrl-C stops them\n"
+              f"inspect with: p2pgen show --peer {addrs[0]} --secret-file {args.secret_file}", flush=True)
+        _watch(args, addrs, procs)
+    except KeyboardInterrupt:
+        print("\nstopping the agents")
+    finally:
+        _stop_all(procs)
+    return 0
+
+
+def _watch(args: argparse.Namespace, addrs: list[str], procs: list[subprocess.Popen]) -> None:
+    from p2pgen.agent.client import AgentClient
+    from p2pgen.errors import P2PGenError
+    secret = read_secret_file(args.secret_file)
+    seen = 0
+    while any(p.poll() is None for p in procs):
+        for addr, proc in zip(addrs, procs):
+            if proc.poll() is not None:
+                continue
+            try:
+                with AgentClient(addr, secret, timeout=2.0) as client:
+                    for entry in client.history():
+                        if entry["generation"] > seen:
+                            seen = entry["generation"]
+                            members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in entry["members"])
+                            print(f"[{_when(entry['at'])}] generation {entry['generation']} {entry['outcome']}: "
+                                  f"[{members}] — {entry['reason']}", flush=True)
+                break
+            except (OSError, P2PGenError):
+                continue
+        time.sleep(0.5)
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each agent in turn (each leaves gracefully while a quorum remains), SIGKILL laggards."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,69 @@
+"""AgentClient: what the CLI, tests and applications use to talk to an agent's control API.
+
+Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `wait`, `attach`,
+`leave`). Holds no state of its own beyond one connection; reconnects on demand.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from p2pgen.agent.rpc import RpcClient
+from p2pgen.agent.wire import command_to_wire
+from p2pgen.core import Command
+
+
+class AgentClient:
+    def __init__(self, addr: str, secret: bytes | None, job: str | None = None, timeout: float = 5.0) -> None:
+        self.addr, self.secret, self.job, self.timeout = addr, secret, job, timeout
+        self._rpc: RpcClient | None = None
+
+    def _call(self, method: str, io_timeout: float | None = None, **params: Any) -> Any:
+        if self._rpc is None:
+            self._rpc = RpcClient(self.addr, self.secret, timeout=self.timeout, expect_job=self.job)
+        self._rpc.settimeout(io_timeout or self.timeout)
+        try:
+            return self._rpc.call(method, **params)
+        except OSError:
+            self.close()
+            raise
+
+    def show(self) -> dict[str, Any]:
+        return self._call("show")
+
+    def history(self) -> list[dict[str, Any]]:
+        return self._call("history")
+
+    def submit(self, command: Command) -> dict[str, Any]:
+        """Submit a core command through this agent; returns {"ok": bool, "reason": str}."""
+        return self._call("submit", io_timeout=self.timeout + 2, command=command_to_wire(command))
+
+    def attach(self, incarnation: int) -> dict[str, Any]:
+        return self._call("attach", incarnation=incarnation)
+
+    def leave(self) -> None:
+        self._call("leave")
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        """Long-poll the agent until `predicate(show())` holds; raise TimeoutError with the last state."""
+        deadline = time.monotonic() + timeout
+        state = self.show()
+        while not predicate(state):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"condition not met within {timeout:.1f} s; last state: {state['state']}")
+            state = self._call("wait", io_timeout=min(left, 2.0) + 2, after_version=state["raft"]["index"],
+                               timeout=min(left, 2.0))
+        return state
+
+    def close(self) -> None:
+        if self._rpc is not None:
+            self._rpc.close()
+            self._rpc = None
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,92 @@
+"""Supervision of the application process of one peer.
+
+Owns: starting the application (one process per incarnation), learning at once from the OS when it
+exits, stops or continues (a blocking `waitpid` with WUNTRACED | WCONTINUED in a thread: no polling,
+no timeout), and killing it by pid. Invariant kept: the application never outlives its agent
+(PR_SET_PDEATHSIG): an application that lost its agent can no longer know its generation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import threading
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def describe_status(status: int) -> tuple[str, bool]:
+    """Human description of a wait status, and whether it was a clean exit (code 0)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return f"killed by {signal.Signals(sig).name}", False
+    code = os.WEXITSTATUS(status)
+    return f"exited with code {code}", code == 0
+
+
+class Application:
+    """One running incarnation of the application. Events are reported through the callbacks, from the
+    waiter thread: `on_stop(app)`, `on_continue(app)`, `on_exit(app, description, clean)`."""
+
+    def __init__(self, command: list[str], incarnation: int, env: dict[str, str],
+                 on_stop: Callable[["Application"], None], on_continue: Callable[["Application"], None],
+                 on_exit: Callable[["Application", str, bool], None]) -> None:
+        self.incarnation = incarnation
+        self.exited = threading.Event()
+        self.stopped = False
+        # Must be called from a thread that lives as long as the agent: PDEATHSIG follows the forking thread.
+        self._proc = subprocess.Popen(command, env={**os.environ, **env}, preexec_fn=_die_with_parent)
+        self.pid = self._proc.pid
+        self._callbacks = (on_stop, on_continue, on_exit)
+        threading.Thread(target=self._wait, name=f"waitpid-{self.pid}", daemon=True).start()
+
+    def _wait(self) -> None:
+        on_stop, on_continue, on_exit = self._callbacks
+        while True:
+            try:
+                _, status = os.waitpid(self.pid, os.WUNTRACED | os.WCONTINUED)
+            except ChildProcessError:
+                status = 0
+            if os.WIFSTOPPED(status):
+                self.stopped = True
+                on_stop(self)
+            elif os.WIFCONTINUED(status):
+                self.stopped = False
+                on_continue(self)
+            else:
+                self._proc.returncode = os.waitstatus_to_exitcode(status)
+                self.exited.set()
+                description, clean = describe_status(status)
+                on_exit(self, description, clean)
+                return
+
+    def kill(self) -> None:
+        if not self.exited.is_set():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds; returns once the process is gone."""
+        if self.exited.is_set():
+            return
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+            if self.stopped:
+                os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        if not self.exited.wait(grace):
+            self.kill()
+            self.exited.wait(5)

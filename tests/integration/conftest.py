@@ -1,0 +1,12 @@
+import pytest
+
+from tests.integration.harness import Cluster
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop_all()

@@ -1,0 +1,133 @@
+"""Real agent processes on 127.0.0.1 for integration tests.
+
+Owns: port allocation below 32768, starting `p2pgen join` processes, and stopping every process a
+test started, by pid (never by name), including the applications the agents supervise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from p2pgen.agent.client import AgentClient
+
+PORT_LOW, PORT_HIGH = 20000, 32000
+
+
+def _free(port: int) -> bool:
+    for kind, p in ((socket.SOCK_STREAM, port), (socket.SOCK_STREAM, port + 1), (socket.SOCK_DGRAM, port)):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+def free_control_ports(n: int) -> list[int]:
+    """n control ports (each with PORT+1 free for Raft), below 32768, spread by pid to avoid collisions."""
+    start = PORT_LOW + (os.getpid() * 37) % (PORT_HIGH - PORT_LOW - 1000)
+    ports: list[int] = []
+    port = start - start % 2
+    while len(ports) < n:
+        if _free(port):
+            ports.append(port)
+        port += 2
+        if port >= PORT_HIGH:
+            port = PORT_LOW
+    return ports
+
+
+@dataclass
+class AgentProc:
+    peer_id: str
+    addr: str
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    job: str = "itest"
+    secret_file: Path = field(init=False)
+    agents: dict[str, AgentProc] = field(default_factory=dict)
+    detect: tuple[str, ...] = ("--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
+                               "--heartbeat-interval=0.1")
+
+    def __post_init__(self) -> None:
+        self.secret_file = self.tmp / "secret"
+        self.secret_file.write_text("integration-test-secret-0123456789")
+        self.secret = self.secret_file.read_bytes().strip()
+
+    def start(self, peer_id: str, addr: str, peers: list[str], command: list[str] | None = None,
+              extra: tuple[str, ...] = (), secret_file: Path | None = None) -> AgentProc:
+        log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
+        cmd = [sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
+               "--secret-file", str(secret_file or self.secret_file), *self.detect, *extra]
+        cmd += [f"--peer={p}" for p in peers]
+        if command:
+            cmd += ["--", *command]
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        agent = AgentProc(peer_id, addr, proc, log)
+        self.agents[peer_id] = agent
+        return agent
+
+    def client(self, addr: str) -> AgentClient:
+        return AgentClient(addr, self.secret, job=self.job, timeout=5.0)
+
+    def wait(self, addr: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
+        """Poll any live agent at `addr` until predicate(show()) holds."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                with self.client(addr) as c:
+                    last = c.show()
+                    if predicate(last):
+                        return last
+            except Exception as e:  # agent starting or restarting: keep polling until the deadline
+                last = e
+            time.sleep(0.05)
+        raise AssertionError(f"condition not met within {timeout} s at {addr}; last: {last}\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {a.peer_id} ---\n{a.log.read_text()[-3000:]}" for a in self.agents.values()
+                         if a.log.exists())
+
+    def stop_all(self) -> None:
+        """SIGKILL every agent this test started, and their applications' process groups, by pid."""
+        for agent in self.agents.values():
+            if agent.alive():
+                try:
+                    os.killpg(agent.pid, signal.SIGKILL)   # the agent leads its own session/group
+                except ProcessLookupError:
+                    pass
+            agent.proc.wait(10)
+
+
+def active(show: dict[str, Any]) -> dict[str, Any] | None:
+    return show["state"]["active"]
+
+
+def active_members(show: dict[str, Any]) -> list[tuple[str, int]]:
+    cert = active(show)
+    return [(m["peer_id"], m["incarnation"]) for m in cert["members"]] if cert else []
