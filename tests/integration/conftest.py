@@ -1,6 +1,6 @@
 import pytest
 
-from tests.integration.harness import Cluster
+from p2pgen.testing.agents import Cluster
 
 
 @pytest.fixture

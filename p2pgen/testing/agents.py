@@ -1,4 +1,4 @@
-"""Real agent processes on 127.0.0.1 for integration tests.
+"""Real agent processes on 127.0.0.1, for integration tests and the recovery benchmark.
 
 Owns: port allocation below 32768, starting `p2pgen join` processes, and stopping every process a
 test started, by pid (never by name), including the applications the agents supervise.
