@@ -68,7 +68,8 @@ class Cluster:
     tmp: Path
     job: str = "itest"
     secret_file: Path = field(init=False)
-    agents: dict[str, AgentProc] = field(default_factory=dict)
+    agents: dict[str, AgentProc] = field(default_factory=dict)     # latest process of each peer_id
+    started: list[AgentProc] = field(default_factory=list)         # every process ever started, for cleanup
     detect: tuple[str, ...] = ("--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
                                "--heartbeat-interval=0.1")
 
@@ -89,6 +90,7 @@ class Cluster:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         agent = AgentProc(peer_id, addr, proc, log)
         self.agents[peer_id] = agent
+        self.started.append(agent)
         return agent
 
     def client(self, addr: str) -> AgentClient:
@@ -115,7 +117,7 @@ class Cluster:
 
     def stop_all(self) -> None:
         """SIGKILL every agent this test started, and their applications' process groups, by pid."""
-        for agent in self.agents.values():
+        for agent in self.started:
             if agent.alive():
                 try:
                     os.killpg(agent.pid, signal.SIGKILL)   # the agent leads its own session/group

@@ -1,0 +1,60 @@
+"""`p2pgen bench <what>`: one sub-command per benchmark. Add one with another `_add_<what>` below.
+
+Heavy imports (numpy, torch) stay inside the handlers so that `p2pgen --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks, side by side with their baselines")
+    sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    _add_allreduce(sub)
+    _add_recovery(sub)
+
+
+def _add_allreduce(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("allreduce", help="all_reduce: p2pgen tcp vs torch gloo (nccl-tests style table)")
+    p.add_argument("--world", type=int, default=4, help="processes on this machine (default 4)")
+    p.add_argument("--sizes", nargs="+", default=["8", "4K", "64K", "1M", "16M", "64M"],
+                   help="buffer sizes in bytes, with K/M/G suffixes (default: 8 4K 64K 1M 16M 64M)")
+    p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
+    p.add_argument("--chunk", default="1M", help="p2pgen frame payload size (default 1M)")
+    p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(func=_run_allreduce)
+
+
+def _run_allreduce(args: argparse.Namespace) -> int:
+    from p2pgen.bench import allreduce
+
+    try:
+        sizes = [allreduce.parse_size(s) for s in args.sizes]
+        chunk = allreduce.parse_size(args.chunk)
+    except ValueError as e:
+        raise SystemExit(f"p2pgen bench allreduce: {e}") from None
+    if args.world < 1:
+        raise SystemExit("p2pgen bench allreduce: --world must be at least 1")
+    rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo)
+    print(allreduce.to_json(args.world, rows) if args.json else allreduce.format_table(args.world, rows))
+    return 0
+
+
+def _add_recovery(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("recovery", help="time from a fault (app SIGKILL/SIGSTOP, leader agent kill) or a join "
+                                        "to the next active generation, on real agent processes")
+    p.add_argument("--trials", type=int, default=10, help="trials per fault kind (default 10)")
+    p.add_argument("--detect-timeout", type=float, default=1.0, help="agents' fixed detection timeout (default 1.0 s)")
+    p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.set_defaults(func=_run_recovery)
+
+
+def _run_recovery(args: argparse.Namespace) -> int:
+    from p2pgen.bench import recovery
+
+    if args.trials < 1 or args.detect_timeout <= 0:
+        raise SystemExit("p2pgen bench recovery: --trials must be >= 1 and --detect-timeout > 0")
+    return recovery.main(args.trials, args.detect_timeout, args.json, args.out)
