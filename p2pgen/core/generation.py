@@ -181,7 +181,7 @@ class GenerationMachine:
         if cmd.revision < 0 or cmd.collective_seq < 0:
             return Outcome.refused("ready: revision and collective_seq must be >= 0")
         proposal = self.pending
-        vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq)
+        vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq, cmd.comm_id)
         previous = proposal.votes.get(cmd.peer_id)
         if previous is not None:
             if previous == vote:
@@ -291,6 +291,7 @@ class GenerationMachine:
             pulled=election.pulls, departed=departed, manifest_digest=election.frontier.digest,
             owners=election.holders, ownership_version=self.ownership_version,
             collective_seq_frontier=max(v.collective_seq for v in proposal.votes.values()),
+            comm_id=proposal.votes[proposal.members[0].peer_id].comm_id,
             divergence=election.divergence, regressed_from=election.regressed_from,
             proposed_at=proposal.opened_at, activated_at=at, raft_term=position.term, raft_index=position.index,
         )

@@ -45,6 +45,7 @@ class ReadyVote:
     revision: int
     digest: str
     collective_seq: int
+    comm_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Certificate:
     owners: tuple[str, ...]                     # members holding the authoritative state at activation
     ownership_version: int
     collective_seq_frontier: int                # highest collective sequence any member reached in the parent
+    comm_id: str                                # communicator id (e.g. NCCL unique id, hex) offered by rank 0
     divergence: tuple[tuple[str, str], ...]
     regressed_from: int | None
     proposed_at: float
@@ -217,6 +219,7 @@ class Ready:
     revision: int
     digest: str
     collective_seq: int = 0
+    comm_id: str = ""          # rank 0 offers the new generation's communicator id (e.g. NCCL unique id)
     at: float = 0.0
 
 
