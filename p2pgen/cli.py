@@ -16,6 +16,7 @@ import sys
 COMMAND_MODULES = (
     "p2pgen.agent.cli",   # join, show, history
     "p2pgen.sim.cli",
+    "p2pgen.bench.cli",
 )
 
 

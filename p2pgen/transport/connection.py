@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import socket
+import struct
 import threading
 from typing import Callable
 
@@ -78,7 +79,7 @@ class Connection:
         self._send_error: Exception | None = None
         self._closed = False
         self._lock = threading.Lock()
-        sock.settimeout(op_timeout)
+        _set_blocking_with_timeout(sock, op_timeout)
         self._sender = threading.Thread(target=self._send_loop, name=f"p2pgen-send-g{generation}-r{rank}",
                                         daemon=True)
         self._sender.start()
@@ -241,6 +242,16 @@ class Connection:
         if stopped:
             self.sock.close()
         return stopped
+
+
+def _set_blocking_with_timeout(sock: socket.socket, timeout: float | None) -> None:
+    """Blocking mode, so one recv (MSG_WAITALL) or sendmsg moves a whole frame without a poll per call;
+    the backstop timeout goes to the kernel (SO_RCVTIMEO / SO_SNDTIMEO) and surfaces as an OSError."""
+    sock.settimeout(None)
+    if timeout is not None:
+        tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:

@@ -1,0 +1,176 @@
+"""all_reduce benchmark: p2pgen's tcp backend and torch gloo, same machine, same run, one after the other.
+
+Each backend runs `world` processes on loopback; every size is warmed up, then timed over `iters`
+calls; the time of a size is the slowest rank's mean. As in nccl-tests: algbw = bytes / time and
+busbw = algbw * 2 (world - 1) / world (what each link carries in a ring all-reduce).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+JOB = "bench-allreduce"
+
+
+@dataclass
+class Row:
+    size: int
+    count: int
+    p2pgen_s: float
+    gloo_s: float | None
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    unit = t[-1] if t and t[-1] in _UNITS else ""
+    number = t[:-1] if unit else t
+    if not number.isdigit() or int(number) * _UNITS[unit] < 4:
+        raise ValueError(f"size {text!r}: give bytes (>= 4) like 4096, 4K, 64M")
+    return int(number) * _UNITS[unit]
+
+
+def iterations(size: int) -> int:
+    return max(5, min(500, (512 << 20) // max(size, 1)))
+
+
+def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
+        gloo: bool = True) -> list[Row]:
+    plan = [(s, iters or iterations(s)) for s in sizes]
+    ours = _spawn(world, "p2pgen", plan, chunk_bytes)
+    theirs = _spawn(world, "gloo", plan, chunk_bytes) if gloo else [None] * len(plan)
+    return [Row(s, s // 4, a, b) for (s, _), a, b in zip(plan, ours, theirs)]
+
+
+def busbw(world: int, size: int, seconds: float) -> float:
+    return size / seconds / 1e9 * (2 * (world - 1) / world if world > 1 else 1)
+
+
+def format_table(world: int, rows: list[Row]) -> str:
+    head = (f"# all_reduce sum float32, world {world} on 127.0.0.1, {os.cpu_count()} CPUs\n"
+            f"# {'':>24}{'p2pgen tcp':^36}{'torch gloo':^36}\n"
+            f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} " * 2
+            + f"{'busbw ratio':>11}")
+    lines = [head]
+    for r in rows:
+        cells = [f"{r.size:>14} {r.count:>10} ", _cells(world, r.size, r.p2pgen_s)]
+        cells.append(_cells(world, r.size, r.gloo_s))
+        cells.append(f"{r.gloo_s / r.p2pgen_s:>11.2f}" if r.gloo_s else f"{'-':>11}")
+        lines.append("".join(cells))
+    return "\n".join(lines)
+
+
+def _cells(world: int, size: int, seconds: float | None) -> str:
+    if seconds is None:
+        return f"{'-':>12} {'-':>11} {'-':>11} "
+    return f"{seconds * 1e6:>12.1f} {size / seconds / 1e9:>11.3f} {busbw(world, size, seconds):>11.3f} "
+
+
+def to_json(world: int, rows: list[Row]) -> str:
+    out = []
+    for r in rows:
+        d = asdict(r)
+        d["p2pgen_busbw_GBps"] = busbw(world, r.size, r.p2pgen_s)
+        d["gloo_busbw_GBps"] = busbw(world, r.size, r.gloo_s) if r.gloo_s else None
+        out.append(d)
+    return json.dumps({"world": world, "op": "sum", "dtype": "float32", "rows": out}, indent=2)
+
+
+# ---- workers -------------------------------------------------------------------------------------
+def _spawn(world: int, backend: str, plan: list[tuple[int, int]], chunk_bytes: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    store_port = _free_port() if backend == "gloo" else 0
+    try:
+        for rank in range(world):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(child, backend, rank, world, plan, chunk_bytes, store_port),
+                            daemon=True)
+            p.start()
+            pipes.append(parent)
+            procs.append(p)
+        if backend == "p2pgen":
+            ports = [pipe.recv() for pipe in pipes]
+            for pipe in pipes:
+                pipe.send(ports)
+        results = [pipe.recv() for pipe in pipes]
+        for p in procs:
+            p.join(30)
+        return [max(r[i] for r in results) for i in range(len(plan))]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def _worker(pipe, backend: str, rank: int, world: int, plan, chunk_bytes: int, store_port: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    if backend == "p2pgen":
+        step, close = _p2pgen_step(pipe, rank, world, chunk_bytes)
+    else:
+        step, close = _gloo_step(rank, world, store_port)
+    try:
+        pipe.send([_time(step, size, iters) for size, iters in plan])
+    finally:
+        close()
+
+
+def _time(step, size: int, iters: int) -> float:
+    import torch
+
+    buf = torch.zeros(size // 4, dtype=torch.float32)
+    for _ in range(max(2, iters // 10)):
+        step(buf)
+    step(torch.zeros(1))      # line the ranks up
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step(buf)
+    return (time.perf_counter() - t0) / iters
+
+
+def _p2pgen_step(pipe, rank: int, world: int, chunk_bytes: int):
+    from p2pgen.collectives import TcpBackend
+    from p2pgen.testing.cluster import SECRET
+    from p2pgen.testing.ports import open_transport
+    from p2pgen.transport import Endpoint, Group, TransportConfig
+
+    config = TransportConfig(chunk_bytes=chunk_bytes, max_frame_bytes=max(16 << 20, chunk_bytes))
+    transport = open_transport(JOB, SECRET, f"bench{rank}", rank + 1, config)
+    pipe.send(transport.port)
+    ports = pipe.recv()
+    members = [Endpoint(f"bench{i}", i + 1, "127.0.0.1", ports[i]) for i in range(world)]
+    backend = TcpBackend(transport, Group(JOB, 1, members, rank))
+    return backend.all_reduce, transport.close
+
+
+def _gloo_step(rank: int, world: int, store_port: int):
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{store_port}", rank=rank,
+                            world_size=world)
+    return dist.all_reduce, dist.destroy_process_group
+
+
+def _free_port() -> int:
+    """A free port below the ephemeral range (the bench runs next to the tests' port rules)."""
+    import random
+
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise OSError("no free port in 20000-31999 for the gloo store")
