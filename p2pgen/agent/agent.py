@@ -42,10 +42,17 @@ class JoinError(P2PGenError):
     """The agent could not join or start the job; the message says why and what to check."""
 
 
-def raft_addr_of(control_addr: str) -> str:
-    """The Raft port is the control port + 1 (documented in the README)."""
+PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3}   # from the control port (see README)
+
+
+def port_of(control_addr: str, role: str) -> str:
+    """The address of one of an agent's four ports: control (agent), Raft, data plane, state transfer."""
     host, port = split_addr(control_addr)
-    return f"{host}:{port + 1}"
+    return f"{host}:{port + PORT_OFFSETS[role]}"
+
+
+def raft_addr_of(control_addr: str) -> str:
+    return port_of(control_addr, "raft")
 
 
 def control_addr_of(raft_addr: str) -> str:
@@ -57,8 +64,9 @@ def control_addr_of(raft_addr: str) -> str:
 class AgentConfig:
     job: str
     peer_id: str
-    listen: str                                   # control address HOST:PORT; Raft uses PORT+1
+    listen: str                                   # control address HOST:PORT; see PORT_OFFSETS
     secret: bytes
+    secret_file: str | None = None                # handed to the application (None: insecure demo secret)
     peers: list[str] = field(default_factory=list)
     command: list[str] | None = None
     max_restarts: int = 10
@@ -179,9 +187,12 @@ class Agent:
         view = self.node.view()
         return view.machine.last_incarnation.get(self.config.peer_id, 0) + 1
 
+    def _member_addrs(self) -> tuple[tuple[str, str], ...]:
+        roles = ("agent", "data", "state") if self.config.command else ("agent",)
+        return tuple((role, port_of(self.addr, role)) for role in roles)
+
     def _register(self, incarnation: int) -> None:
-        outcome = self.node.submit(Register(self.config.peer_id, incarnation, (("agent", self.addr),),
-                                            at=time.time()))
+        outcome = self.node.submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time()))
         if not outcome.ok:
             raise JoinError(f"registration refused: {outcome.reason}")
         self.incarnation = incarnation
@@ -190,7 +201,10 @@ class Agent:
     def _launch_app(self) -> None:
         incarnation = self._next_incarnation()
         env = {"P2PGEN_JOB": self.config.job, "P2PGEN_PEER_ID": self.config.peer_id,
-               "P2PGEN_INCARNATION": str(incarnation), "P2PGEN_AGENT": self.addr}
+               "P2PGEN_INCARNATION": str(incarnation), "P2PGEN_AGENT": self.addr,
+               "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state")}
+        if self.config.secret_file:
+            env["P2PGEN_SECRET_FILE"] = self.config.secret_file
         self.app_attached = False
         self.app = Application(self.config.command, incarnation, env,
                                on_stop=lambda app: self._events.put(("app_stopped", app, time.monotonic())),

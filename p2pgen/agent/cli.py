@@ -29,7 +29,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                       "joins the running job through any live member. The Raft port is PORT+1.")
     join.add_argument("--job", default="demo", help="job name (default: demo)")
     join.add_argument("--id", dest="peer_id", help="stable peer id, e.g. node3/gpu1")
-    join.add_argument("--listen", metavar="HOST:PORT", help="control address (Raft uses PORT+1; use ports < 32768)")
+    join.add_argument("--listen", metavar="HOST:PORT", help="control address; PORT+1 is Raft, PORT+2 the application's "
+                                                              "data plane, PORT+3 its state transfer (keep all < 32768)")
     join.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="a member's control address")
     join.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE, else an "
                                             "insecure demo secret)")
@@ -38,7 +39,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                                  "members registered (same value on every agent)")
     join.add_argument("--join-timeout", type=float, default=30.0, help="seconds to find a live member")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
-    join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 2)")
+    join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 4)")
     add_detector_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
     join.set_defaults(func=cmd_join)
@@ -73,7 +74,7 @@ def cmd_join(args: argparse.Namespace) -> int:
         print(f"p2pgen join: {e}", file=sys.stderr)
         return 2
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
-                              peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
+                              secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
                               min_members=args.min_members, detector=detector, join_timeout=args.join_timeout))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
@@ -176,8 +177,8 @@ def format_history(history: list[dict[str, Any]]) -> str:
 def run_local_demo(args: argparse.Namespace) -> int:
     """Start N agents with symmetric configuration, print each new generation, stop all on Ctrl-C."""
     n = args.local
-    ports = [args.base_port + 2 * i for i in range(n)]
-    if not 0 < n <= 64 or ports[-1] + 1 >= 32768:
+    ports = [args.base_port + 4 * i for i in range(n)]
+    if not 0 < n <= 64 or ports[-1] + 3 >= 32768:
         print("p2pgen join --local: N must be 1..64 and every port below 32768", file=sys.stderr)
         return 2
     addrs = [f"127.0.0.1:{p}" for p in ports]

@@ -22,7 +22,9 @@ PORT_LOW, PORT_HIGH = 20000, 32000
 
 
 def _free(port: int) -> bool:
-    for kind, p in ((socket.SOCK_STREAM, port), (socket.SOCK_STREAM, port + 1), (socket.SOCK_DGRAM, port)):
+    """Control (TCP+UDP), Raft, data and state ports of one agent are all free."""
+    for kind, p in ((socket.SOCK_STREAM, port), (socket.SOCK_DGRAM, port), (socket.SOCK_STREAM, port + 1),
+                    (socket.SOCK_STREAM, port + 2), (socket.SOCK_STREAM, port + 3)):
         with socket.socket(socket.AF_INET, kind) as s:
             try:
                 s.bind(("127.0.0.1", p))
@@ -32,14 +34,14 @@ def _free(port: int) -> bool:
 
 
 def free_control_ports(n: int) -> list[int]:
-    """n control ports (each with PORT+1 free for Raft), below 32768, spread by pid to avoid collisions."""
+    """n control ports (each with PORT+1..PORT+3 free), below 32768, spread by pid to avoid collisions."""
     start = PORT_LOW + (os.getpid() * 37) % (PORT_HIGH - PORT_LOW - 1000)
     ports: list[int] = []
-    port = start - start % 2
+    port = start - start % 4
     while len(ports) < n:
         if _free(port):
             ports.append(port)
-        port += 2
+        port += 4
         if port >= PORT_HIGH:
             port = PORT_LOW
     return ports
