@@ -1,0 +1,39 @@
+"""`p2pgen bench allreduce`: argument handling, the table's arithmetic, and one tiny real run (no speed
+figure is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from p2pgen import cli
+from p2pgen.bench import allreduce
+
+
+def test_parse_size_accepts_suffixes_and_explains_bad_input():
+    assert allreduce.parse_size("4K") == 4096
+    assert allreduce.parse_size("64MiB") == 64 << 20
+    assert allreduce.parse_size("8") == 8
+    with pytest.raises(ValueError, match="give bytes"):
+        allreduce.parse_size("lots")
+
+
+def test_busbw_follows_nccl_tests():
+    assert allreduce.busbw(4, 1_000_000_000, 1.0) == pytest.approx(1.5)
+    assert allreduce.busbw(1, 1_000_000_000, 1.0) == pytest.approx(1.0)
+
+
+def test_table_has_both_backends_and_the_ratio():
+    table = allreduce.format_table(4, [allreduce.Row(4096, 1024, 0.001, 0.002)])
+    assert "p2pgen tcp" in table and "torch gloo" in table and "busbw ratio" in table
+    assert table.splitlines()[-1].split()[-1] == "2.00"
+
+
+@pytest.mark.timeout(90)
+def test_cli_runs_a_tiny_benchmark_against_gloo(capsys):
+    rc = cli.main(["bench", "allreduce", "--world", "2", "--sizes", "4K", "--iters", "5", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["rows"]
+    assert row["size"] == 4096 and row["p2pgen_s"] > 0 and row["gloo_s"] > 0
