@@ -75,6 +75,7 @@ class AgentConfig:
     raft: RaftTiming = field(default_factory=RaftTiming)
     join_timeout: float = 30.0
     retire_wait: float = 5.0                      # max wait for the dead incarnation's generation to retire
+    attach_grace: float = 5.0                     # an application that has not attached by then gets our vote
 
 
 class Agent:
@@ -266,13 +267,19 @@ class Agent:
             self._on_evicted(f"{self.config.peer_id}#{self.incarnation} was evicted by the job")
             return
         pending = machine.pending
-        if pending is not None and not self.app_attached and self._voted != (pending.generation, self.incarnation):
+        if pending is not None and self._votes_for_member() and self._voted != (pending.generation, self.incarnation):
             member = pending.member(self.config.peer_id)
             if member is not None and member.incarnation == self.incarnation:
                 outcome = self.node.submit(Ready(pending.generation, self.config.peer_id, self.incarnation,
                                                  "proved", 0, "", 0, at=time.time()))
                 self._voted = (pending.generation, self.incarnation)
                 log.info("ready for g%d: %s", pending.generation, outcome.reason)
+
+    def _votes_for_member(self) -> bool:
+        """The agent votes for itself, or for an application that did not attach within the grace period."""
+        if self.app is None:
+            return True
+        return not self.app_attached and time.monotonic() - self.app.started > self.config.attach_grace
 
     def _reconcile_membership_of_self(self, force: bool) -> None:
         """After our own stall, or when no leader is known for long, ask the other agents whether our
@@ -460,7 +467,8 @@ class Agent:
             raise ValueError(f"incarnation {params.get('incarnation')} is not this agent's current application "
                              f"({app.incarnation if app else 'none'}): a stale process must exit (I3)")
         self.app_attached = True
-        return {"peer_id": self.config.peer_id, "incarnation": app.incarnation}
+        voted = self._voted is not None and self._voted[1] == app.incarnation
+        return {"peer_id": self.config.peer_id, "incarnation": app.incarnation, "agent_voted": voted}
 
     def _rpc_leave(self, params: dict) -> dict:
         self.request_leave()

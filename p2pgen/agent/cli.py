@@ -38,6 +38,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
                                                                  "members registered (same value on every agent)")
     join.add_argument("--join-timeout", type=float, default=30.0, help="seconds to find a live member")
+    join.add_argument("--attach-grace", type=float, default=5.0,
+                      help="seconds a COMMAND has to attach (p2pgen.join) before the agent votes for it as a "
+                           "stateless member (default 5; 0 for applications that never attach)")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
     join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 4)")
     add_detector_arguments(join)
@@ -75,7 +78,8 @@ def cmd_join(args: argparse.Namespace) -> int:
         return 2
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
-                              min_members=args.min_members, detector=detector, join_timeout=args.join_timeout))
+                              min_members=args.min_members, detector=detector, join_timeout=args.join_timeout,
+                              attach_grace=args.attach_grace))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
     try:
@@ -191,7 +195,7 @@ def run_local_demo(args: argparse.Namespace) -> int:
     passthrough = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
                    f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
                    f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
-                   f"--max-restarts={args.max_restarts}"]
+                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
     passthrough.append(f"--secret-file={args.secret_file}")
     command = _command(args)
     try:

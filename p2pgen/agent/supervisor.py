@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class Application:
                  on_stop: Callable[["Application"], None], on_continue: Callable[["Application"], None],
                  on_exit: Callable[["Application", str, bool], None]) -> None:
         self.incarnation = incarnation
+        self.started = time.monotonic()
         self.exited = threading.Event()
         self.stopped = False
         # Must be called from a thread that lives as long as the agent: PDEATHSIG follows the forking thread.

@@ -48,7 +48,7 @@ def _with_newer(peer: str, inc: int):
 
 def run(trials: int, detect_timeout: float, workdir: Path) -> dict[str, list[float]]:
     cluster = Cluster(workdir, job="bench-recovery",
-                      detect=("--detector=fixed", f"--detect-timeout={detect_timeout}",
+                      detect=("--attach-grace=0", "--detector=fixed", f"--detect-timeout={detect_timeout}",
                               f"--detect-floor={min(0.3, detect_timeout / 2)}", "--heartbeat-interval=0.1"))
     results: dict[str, list[float]] = {k: [] for k in (
         "sigkill_app_to_active_s", "app_back_as_new_incarnation_s", "sigstop_app_to_active_s",

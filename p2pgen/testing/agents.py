@@ -72,7 +72,7 @@ class Cluster:
     secret_file: Path = field(init=False)
     agents: dict[str, AgentProc] = field(default_factory=dict)     # latest process of each peer_id
     started: list[AgentProc] = field(default_factory=list)         # every process ever started, for cleanup
-    detect: tuple[str, ...] = ("--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
+    detect: tuple[str, ...] = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
                                "--heartbeat-interval=0.1")
 
     def __post_init__(self) -> None:
