@@ -86,7 +86,7 @@ def _morph(ax: plt.Axes, run: Run) -> None:
 
 def _goodput(ax: plt.Axes, r: ChurnResult) -> None:
     for name, rows in r.ladder:
-        ax.plot(MTBFS, [s.goodput for s in rows], "-o", label=name.strip(), lw=2 if "certified" in name else 1)
+        ax.plot(MTBFS, [s.goodput for s in rows], "-o", label=name.strip(), lw=2.5 if name.endswith("= p2pgen") else 1)
     ax.plot(MTBFS, [SEED_MTBF_ROWS[m][1] for m in MTBFS], "s", ms=10, mfc="none", mec="black", mew=2,
             label="seed's published goodput")
     ax.axhline(0.9, color="gray", ls=":", lw=1)

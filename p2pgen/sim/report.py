@@ -13,7 +13,7 @@ from p2pgen.sim.engine import Run, simulate
 from p2pgen.sim.model import Scenario
 from p2pgen.sim.tables import (
     MTBFS, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_ASSUMPTIONS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS, TIMEOUTS,
-    Summary, best, ladder, ladder_rows, mtbf_sweep, p2pgen_scenario, phi_sweep, seed_scenario, share_rows,
+    P2PGEN_ROW, Summary, best, ladder, ladder_rows, mtbf_sweep, p2pgen_scenario, phi_sweep, seed_scenario, share_rows,
     timeout_sweep,
 )
 
@@ -151,7 +151,6 @@ MORPH_WINDOW_S = 150.0
 
 
 def morph_runs(r: ChurnResult) -> list[Run]:
-    """A short window of the seed's model and of p2pgen (p50 costs) at MTBF 12, same seed, hence the same
-    failure times."""
-    scenarios = [ladder(r.spec.costs, r.timeout, MORPH_WINDOW_S)[i] for i in (0, -2)]
+    """A short window of the seed's model and of p2pgen at MTBF 12, same seed: the same failure times."""
+    scenarios = [ladder(r.spec.costs, r.timeout, MORPH_WINDOW_S)[i] for i in (0, P2PGEN_ROW)]
     return [simulate(s.with_(mtbf=P2PGEN_MTBF), r.spec.seed) for s in scenarios]

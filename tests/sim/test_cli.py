@@ -49,7 +49,7 @@ def test_churn_json_uses_measured_costs_when_given(tmp_path, capsys):
 def test_churn_draws_the_morph(tmp_path, capsys):
     png = tmp_path / "churn.png"
     assert run(["sim", "churn", *FAST, "--timeout", "1.5", "--plot", str(png)]) == 0
-    assert "certified recovery" in capsys.readouterr().out
+    assert "= p2pgen" in capsys.readouterr().out
     assert png.stat().st_size > 10_000
 
 

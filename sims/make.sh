@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerate the tables (text + JSON) and figures of sims/README.md. About a minute on one core.
+# Pass --recovery-json PATH (from `p2pgen bench recovery --json`) to use measured reconfiguration costs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ARGS=(--runs 3 --duration 20000 --seed 0 "$@")
+run() { "$PY" -c 'import sys; from p2pgen.cli import main; sys.exit(main(sys.argv[1:]))' sim "$@"; }
+run detector "${ARGS[@]}" --plot sims/detector.png > sims/detector.txt
+run detector "${ARGS[@]}" --json > sims/detector.json
+run churn "${ARGS[@]}" --plot sims/churn.png > sims/churn.txt
+run churn "${ARGS[@]}" --json > sims/churn.json
+echo "wrote sims/detector.{txt,json,png} sims/churn.{txt,json,png}"
