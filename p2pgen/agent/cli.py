@@ -10,12 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +39,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            "stateless member (default 5; 0 for applications that never attach)")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
     join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 4)")
+    join.add_argument("--chaos", type=float, metavar="S", help="--local: inject a fault every S seconds on average "
+                                                               "(SIGKILL of an application or of a whole agent)")
+    join.add_argument("--chaos-seed", type=int, default=0, help="--local: seed of the fault schedule")
+    join.add_argument("--steps", type=int, help="--local: steps to train (passed to COMMAND as $P2PGEN_STEPS)")
     add_detector_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
     join.set_defaults(func=cmd_join)
@@ -179,73 +179,15 @@ def format_history(history: list[dict[str, Any]]) -> str:
 # --- the local demo ------------------------------------------------------------------------------------
 
 def run_local_demo(args: argparse.Namespace) -> int:
-    """Start N agents with symmetric configuration, print each new generation, stop all on Ctrl-C."""
+    from p2pgen.agent.local import LocalJob
     n = args.local
-    ports = [args.base_port + 4 * i for i in range(n)]
-    if not 0 < n <= 64 or ports[-1] + 3 >= 32768:
+    if not 0 < n <= 64 or args.base_port + 4 * n >= 32768:
         print("p2pgen join --local: N must be 1..64 and every port below 32768", file=sys.stderr)
         return 2
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    procs: list[subprocess.Popen] = []
-    workdir = tempfile.mkdtemp(prefix="p2pgen-demo-")
-    if not args.secret_file:
-        args.secret_file = os.path.join(workdir, "secret")
-        with open(os.open(args.secret_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            f.write(secrets.token_hex(32))
-    passthrough = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
-                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
-                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
-                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
-    passthrough.append(f"--secret-file={args.secret_file}")
-    command = _command(args)
-    try:
-        for i, addr in enumerate(addrs):
-            cmd = [sys.executable, "-m", "p2pgen", "join", "--job", args.job, "--id", f"peer{i}", "--listen", addr,
-                   "--min-members", str(n), *passthrough]
-            cmd += [f"--peer={a}" for a in addrs if a != addr]
-            if command:
-                cmd += ["--", *command]
-            procs.append(subprocess.Popen(cmd, start_new_session=True))   # Ctrl-C reaches only this process
-        print(f"started {n} agents of job {args.job!r} at {', '.join(addrs)}; Ctrl-C stops them\n"
-              f"inspect with: p2pgen show --peer {addrs[0]} --secret-file {args.secret_file}", flush=True)
-        _watch(args, addrs, procs)
-    except KeyboardInterrupt:
-        print("\nstopping the agents")
-    finally:
-        _stop_all(procs)
-    return 0
-
-
-def _watch(args: argparse.Namespace, addrs: list[str], procs: list[subprocess.Popen]) -> None:
-    from p2pgen.agent.client import AgentClient
-    from p2pgen.errors import P2PGenError
-    secret = read_secret_file(args.secret_file)
-    seen = 0
-    while any(p.poll() is None for p in procs):
-        for addr, proc in zip(addrs, procs):
-            if proc.poll() is not None:
-                continue
-            try:
-                with AgentClient(addr, secret, timeout=2.0) as client:
-                    for entry in client.history():
-                        if entry["generation"] > seen:
-                            seen = entry["generation"]
-                            members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in entry["members"])
-                            print(f"[{_when(entry['at'])}] generation {entry['generation']} {entry['outcome']}: "
-                                  f"[{members}] — {entry['reason']}", flush=True)
-                break
-            except (OSError, P2PGenError):
-                continue
-        time.sleep(0.5)
-
-
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM each agent in turn (each leaves gracefully while a quorum remains), SIGKILL laggards."""
-    for proc in reversed(procs):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+    agent_args = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
+                  f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
+                  f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
+                  f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
+    job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
+                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps)
+    return job.run()

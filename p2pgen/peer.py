@@ -1,0 +1,410 @@
+"""The Peer inside the application: its agent link, its data plane, and the step loop.
+
+Owns: one incarnation's participation in generations. `peer.steps()` yields one `Step` per training
+step of the current generation; between generations it quiesces the old communicator, votes `ready`
+with its revision and digest, pulls the frontier state if told to, reports `synced`, waits for the
+certificate, and builds the next generation's communicator from the certificate's rank map.
+
+Contract (in the style of torchft): the body of a step runs inside `with step:`.
+```python
+for step in peer.steps():          # waits for an active generation; syncs state if behind
+    with step:                     # a generation change inside discards the step; the loop retries it
+        loss = model(batch_for(step.revision, step.rank, step.world)); loss.backward()
+        step.all_reduce(grads, op="sum")
+        optimizer.step()
+        step.commit()              # revision += 1
+```
+- Mutate shared state only after the step's last collective returned and before `commit()`: a step that
+  raised `GenerationChanged`/`PeerLost` must leave the state as it was (the collective itself leaves
+  its buffers untouched when it raises; see p2pgen.collectives.tcp).
+- A step's global batch must not depend on the world size: split the batch of revision r into
+  `world` contiguous shards and reduce with SUM of per-sample terms divided by the *global* batch size.
+Invariants kept:
+- I4: no collective of generation G runs before this peer saw G's certificate (which exists only once
+  every member is synced); every collective is recorded in the trace with its generation.
+- I2/I3: the communicator of G is bound to G and to this incarnation; a peer whose incarnation was
+  evicted stops acting (`Evicted`) and its agent restarts it as a new incarnation.
+- Joins take effect at a step boundary: the first collective of every step also reduces (MAX) the
+  highest pending generation any member has seen, so all members leave G after the same committed step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+from p2pgen.agent.client import AgentClient
+from p2pgen.agent.rpc import split_addr
+from p2pgen.auth import load_secret
+from p2pgen.collectives import TcpBackend
+from p2pgen.core import Frontier, Ready, Reform, Synced
+from p2pgen.errors import Evicted, GenerationChanged, P2PGenError, PeerLost
+from p2pgen.state import SharedState, Source, StateServer, pull_state
+from p2pgen.transport import Endpoint, Group, Transport
+
+log = logging.getLogger(__name__)
+
+WATCH_POLL_S = 1.0
+
+
+class Trace:
+    """Append-only JSON-lines record of what this peer did, for tests and post-mortems (None: off)."""
+
+    def __init__(self, path: str | None, identity: tuple[str, int]) -> None:
+        self._file = open(path, "a", buffering=1) if path else None
+        self._identity = identity
+
+    def record(self, event: str, **fields: Any) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"t": time.time(), "peer": self._identity[0],
+                                         "incarnation": self._identity[1], "event": event, **fields}) + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class Step:
+    """One training step of one generation. Use as a context manager (see the module docstring)."""
+
+    def __init__(self, peer: "Peer", backend: TcpBackend) -> None:
+        self.peer, self._backend = peer, backend
+        self.generation, self.rank, self.world = backend.generation, backend.rank, backend.world
+        self.revision = peer.state.revision           # the revision this step will commit as revision + 1
+        self.committed = False
+        self.discarded: BaseException | None = None
+        self._control_done = False
+
+    # --- collectives: the first one also agrees on the step boundary ------------------------------
+
+    def all_reduce(self, buf: Any, op: str = "sum") -> Any:
+        return self._run("all_reduce", buf, op=op)
+
+    def broadcast(self, buf: Any, root: int) -> Any:
+        return self._run("broadcast", buf, root=root)
+
+    def all_gather(self, output: Any, input: Any) -> Any:
+        return self._run("all_gather", output, input)
+
+    def reduce_scatter(self, output: Any, input: Any, op: str = "sum") -> Any:
+        return self._run("reduce_scatter", output, input, op=op)
+
+    def barrier(self) -> None:
+        self._run("barrier")
+
+    def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.committed:
+            raise RuntimeError(f"{name} after commit(): a committed step runs no more collectives")
+        if not self._control_done:
+            self._agree_on_boundary()
+        self.peer.trace.record("collective", generation=self.generation, op=name, seq=self._backend.op_seq,
+                               revision=self.revision)
+        return getattr(self._backend, name)(*args, **kwargs)
+
+    def _agree_on_boundary(self) -> None:
+        control = np.array([self.peer.pending_join_seen()], dtype=np.int64)
+        self.peer.trace.record("collective", generation=self.generation, op="control", seq=self._backend.op_seq,
+                               revision=self.revision)
+        self._backend.all_reduce(control, op="max")
+        self._control_done = True
+        if control[0] > self.generation:
+            self.peer.switch_after_step(int(control[0]))
+
+    # --- commit and the context manager -------------------------------------------------------------
+
+    def commit(self) -> int:
+        """Record that the state now holds revision + 1. Call after the optimizer step."""
+        if self.committed:
+            raise RuntimeError("commit() called twice for one step")
+        if not self._control_done:
+            self._agree_on_boundary()      # a step with no collective still agrees on the boundary
+        revision = self.peer.state.commit()
+        self.committed = True
+        self.peer.trace.record("commit", generation=self.generation, revision=revision)
+        return revision
+
+    def __enter__(self) -> "Step":
+        return self
+
+    def __exit__(self, kind: type | None, err: BaseException | None, tb: Any) -> bool:
+        if err is not None and isinstance(err, (GenerationChanged, PeerLost)) and not self.committed:
+            self.discarded = err
+            self.peer.trace.record("discard", generation=self.generation, revision=self.revision, reason=str(err))
+            log.info("step %d discarded in generation %d: %s", self.revision, self.generation, err)
+            return True
+        return False
+
+
+class Peer:
+    """One application process of the job. Create it with `p2pgen.join()`."""
+
+    def __init__(self, job: str, state: SharedState, agent_addr: str, peer_id: str, incarnation: int,
+                 secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
+                 reform_after: float = 1.5) -> None:
+        self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
+        self.identity = (peer_id, incarnation)
+        self.secret = secret
+        self.reform_after = reform_after
+        self.trace = Trace(trace_path, self.identity)
+        self.agent = AgentClient(agent_addr, secret, job=job)
+        attached = self.agent.attach(incarnation)
+        self._agent_voted = attached.get("agent_voted", False)
+        host, port = split_addr(data_addr)
+        self.transport = Transport(job, secret, peer_id, incarnation, host=host, port=port)
+        shost, sport = split_addr(state_addr)
+        self.state_server = StateServer(state, job=job, secret=secret, me=self.identity, authorize=self._authorize,
+                                        host=shost, port=sport)
+        self._serving = contextlib.ExitStack()      # open while quiesced between generations
+        self.backend: TcpBackend | None = None
+        self.certificate: dict[str, Any] | None = None
+        self._switch_to: int | None = None
+        self._view: dict[str, Any] = self.agent.show()
+        self._view_lock = threading.Condition()
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
+        self._watcher.start()
+        self.stats = {"generations": 0, "steps_committed": 0, "steps_discarded": 0, "seconds_between": 0.0}
+
+    # --- the step loop -------------------------------------------------------------------------------
+
+    def steps(self) -> Iterator[Step]:
+        """Steps of the current generation, forever; crosses generation changes transparently."""
+        while not self._closed.is_set():
+            if self.backend is None or self._switch_to is not None or self._backend_dead():
+                self._enter_next_generation()
+            step = Step(self, self.backend)
+            yield step
+            if step.committed:
+                self.stats["steps_committed"] += 1
+            else:
+                self.stats["steps_discarded"] += 1
+
+    @property
+    def rank(self) -> int | None:
+        return self.backend.rank if self.backend else None
+
+    @property
+    def world(self) -> int | None:
+        return self.backend.world if self.backend else None
+
+    @property
+    def generation(self) -> int | None:
+        return self.backend.generation if self.backend else None
+
+    def switch_after_step(self, generation: int) -> None:
+        self._switch_to = generation
+
+    def pending_join_seen(self) -> int:
+        """The pending generation if it only adds members to ours (a join waits for a step boundary)."""
+        pending = self._view["state"]["pending"]
+        if pending is None or self.backend is None:
+            return 0
+        ours = {(m.peer_id, m.incarnation) for m in self.backend.group.members}
+        proposed = {(m["peer_id"], m["incarnation"]) for m in pending["members"]}
+        return pending["generation"] if ours <= proposed else 0
+
+    def close(self) -> None:
+        self._closed.set()
+        if self.backend is not None:
+            self.backend.abort("peer closed")
+        self._serving.close()
+        self.state_server.close()
+        self.transport.close()
+        self.agent.close()
+        self.trace.close()
+
+    # --- between generations -------------------------------------------------------------------------
+
+    def _enter_next_generation(self) -> None:
+        started = time.monotonic()
+        quiescence, seq = "proved", 0
+        if self.backend is not None:
+            reason = (f"joining generation {self._switch_to} at a step boundary" if self._switch_to
+                      else "generation changed")
+            quiescence, seq = self.backend.abort(reason), self.backend.op_seq
+            self.trace.record("retire", generation=self.backend.generation, quiescence=quiescence)
+            self.backend = None
+        self._switch_to = None
+        if self._agent_voted:
+            self._agent_voted = False
+            self._request_reform_if_active("attached after the agent voted on its behalf")
+        voted: int | None = None
+        synced: int | None = None
+        last_reform = time.monotonic()
+        while not self._closed.is_set():
+            view = self._wait_view(0.2)
+            state = view["state"]
+            self._check_not_evicted(state)
+            pending, active = state["pending"], state["active"]
+            if active and self._in(active) and active["generation"] == voted:
+                self._activate(active)            # before any newer proposal: its members may wait for us in G
+                self.stats["seconds_between"] += time.monotonic() - started
+                return
+            if pending and self._proposed(pending):
+                if voted != pending["generation"]:
+                    self._vote_ready(pending, quiescence, seq)
+                    voted = pending["generation"]
+                    if quiescence == "unknown":
+                        raise Evicted("could not prove quiescence of the old generation: restart as a new incarnation")
+                if pending["frontier"] and synced != pending["generation"] and self._sync_if_told(pending, state):
+                    synced = pending["generation"]
+            elif active and self._in(active) and voted is None and time.monotonic() - last_reform > self.reform_after:
+                self._request_reform_if_active("collective failed with no membership change known")
+                last_reform = time.monotonic()
+
+    def _proposed(self, pending: dict[str, Any]) -> bool:
+        return any((m["peer_id"], m["incarnation"]) == self.identity for m in pending["members"])
+
+    def _in(self, cert: dict[str, Any]) -> bool:
+        return any((m["peer_id"], m["incarnation"]) == self.identity for m in cert["members"])
+
+    def _check_not_evicted(self, state: dict[str, Any]) -> None:
+        if any((t["peer_id"], t["incarnation"]) == self.identity for t in state["tombstones"]):
+            self.close()
+            raise Evicted(f"{self.peer_id}#{self.incarnation} was evicted from job {self.job}: "
+                          "this process must exit; its agent restarts it as a new incarnation")
+
+    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
+        generation = pending["generation"]
+        self._serving.close()
+        self._serving.enter_context(self.state_server.serving(generation))   # frozen until the next step
+        digest = self.state.digest()
+        outcome = self.agent.submit(Ready(generation, self.peer_id, self.incarnation, quiescence,
+                                          self.state.revision, digest, seq, at=time.time()))
+        self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
+                          quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"])
+
+    def _sync_if_told(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
+        """Pull the frontier if the election told us to, then report `synced`. True when done."""
+        pull = next((p for p in pending["pulls"] if p["peer_id"] == self.peer_id), None)
+        if pull is None:
+            return True
+        addrs = {m["peer_id"]: m for m in state["members"]}
+        sources = []
+        for peer_id in pull["sources"]:
+            member = addrs.get(peer_id)
+            if member and "state" in member["addrs"]:
+                host, port = split_addr(member["addrs"]["state"])
+                sources.append(Source(peer_id, member["incarnation"], host, port))
+        frontier = pending["frontier"]
+        generation = pending["generation"]
+        self.trace.record("pull", generation=generation, sources=pull["sources"], frontier=frontier)
+        try:
+            report = pull_state(self.state, job=self.job, secret=self.secret, me=self.identity, generation=generation,
+                                frontier=Frontier(frontier["revision"], frontier["digest"]), sources=sources)
+        except P2PGenError as e:
+            log.warning("catch-up for generation %d failed: %s", generation, e)
+            self.trace.record("pull_failed", generation=generation, reason=str(e))
+            return False
+        outcome = self.agent.submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(),
+                                           at=time.time()))
+        self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
+                          reason=outcome["reason"], report=str(report))
+        return outcome["ok"]
+
+    def _activate(self, cert: dict[str, Any]) -> None:
+        endpoints = []
+        for m in cert["members"]:
+            host, port = split_addr(m["addrs"]["data"])
+            endpoints.append(Endpoint(m["peer_id"], m["incarnation"], host, port))
+        rank = next(m["rank"] for m in cert["members"] if (m["peer_id"], m["incarnation"]) == self.identity)
+        group = Group(self.job, cert["generation"], endpoints, rank)
+        self.certificate = cert
+        self._serving.close()
+        self.trace.record("active", generation=cert["generation"], rank=rank, world=len(endpoints),
+                          revision=self.state.revision, frontier=cert["frontier"], raft_index=cert["raft_index"])
+        self.backend = TcpBackend(self.transport, group)
+        self.stats["generations"] += 1
+        try:
+            self.backend.connect()
+        except (GenerationChanged, PeerLost) as e:
+            log.info("generation %d failed while connecting: %s", cert["generation"], e)
+
+    def _request_reform_if_active(self, why: str) -> None:
+        active = self._view["state"]["active"]
+        if active and self._in(active) and self._view["state"]["pending"] is None:
+            outcome = self.agent.submit(Reform(active["generation"], self.peer_id, self.incarnation, why,
+                                               at=time.time()))
+            self.trace.record("reform", generation=active["generation"], ok=outcome["ok"], reason=why)
+
+    def _backend_dead(self) -> bool:
+        return self.backend is not None and self.backend.session._error is not None
+
+    # --- watching the agent --------------------------------------------------------------------------
+
+    def _wait_view(self, timeout: float) -> dict[str, Any]:
+        with self._view_lock:
+            self._view_lock.wait(timeout)
+            return self._view
+
+    def _watch(self, agent_addr: str) -> None:
+        """Follow the replicated state; abort the communicator as soon as a member of our generation is
+        gone from the pending proposal (a death or a leave), or we were evicted."""
+        client = AgentClient(agent_addr, self.secret, job=self.job)
+        failures = 0
+        while not self._closed.is_set():
+            try:
+                view = client._call("wait", io_timeout=WATCH_POLL_S + 5,
+                                    after_version=self._view["raft"]["index"], timeout=WATCH_POLL_S)
+                failures = 0
+            except (OSError, P2PGenError) as e:
+                failures += 1
+                if failures >= 3:
+                    log.error("lost the agent at %s (%s): stopping", agent_addr, e)
+                    if self.backend is not None:
+                        self.backend.abort("lost the local agent")
+                    self._closed.set()
+                time.sleep(0.1)
+                continue
+            with self._view_lock:
+                self._view = view
+                self._view_lock.notify_all()
+            self._abort_if_membership_shrinks(view["state"])
+        client.close()
+
+    def _abort_if_membership_shrinks(self, state: dict[str, Any]) -> None:
+        backend = self.backend
+        if backend is None:
+            return
+        current = {(m["peer_id"], m["incarnation"]) for m in state["members"]}
+        gone = [m for m in backend.group.members if m.identity not in current]
+        if gone:
+            backend.abort(f"{', '.join(f'{m.peer_id}#{m.incarnation}' for m in gone)} left generation "
+                          f"{backend.generation}")
+
+    def _authorize(self, peer_id: str, incarnation: int, generation: int) -> bool:
+        """A source serves only members of the pending generation it is serving."""
+        pending = self._view["state"]["pending"]
+        return bool(pending) and pending["generation"] == generation and any(
+            (m["peer_id"], m["incarnation"]) == (peer_id, incarnation) for m in pending["members"])
+
+
+def join(job: str | None = None, state: SharedState | None = None, *, trace: str | None = None) -> Peer:
+    """Join the job this process was started for by `p2pgen join ... -- COMMAND` (reads its environment).
+
+    `trace`: a JSON-lines file recording every ready/pull/synced/active/collective/commit of this peer
+    (default: `$P2PGEN_TRACE_DIR/<peer>-<incarnation>.jsonl` when that variable is set).
+    """
+    env = os.environ
+    missing = [k for k in ("P2PGEN_AGENT", "P2PGEN_PEER_ID", "P2PGEN_INCARNATION", "P2PGEN_DATA_ADDR",
+                           "P2PGEN_STATE_ADDR") if k not in env]
+    if missing:
+        raise P2PGenError(f"{', '.join(missing)} not set: start this script under its agent, e.g. "
+                          "`p2pgen join --local 3 -- python train.py` or `p2pgen join --job J --id ID "
+                          "--listen HOST:PORT -- python train.py`")
+    job = job or env.get("P2PGEN_JOB", "demo")
+    if env.get("P2PGEN_JOB") and env["P2PGEN_JOB"] != job:
+        raise P2PGenError(f"this process was started for job {env['P2PGEN_JOB']!r}, not {job!r}")
+    secret = load_secret(env.get("P2PGEN_SECRET_FILE"), job)
+    peer_id, incarnation = env["P2PGEN_PEER_ID"], int(env["P2PGEN_INCARNATION"])
+    if trace is None and env.get("P2PGEN_TRACE_DIR"):
+        trace = os.path.join(env["P2PGEN_TRACE_DIR"], f"{peer_id.replace('/', '_')}-{incarnation}.jsonl")
+    return Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
+                secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace)
