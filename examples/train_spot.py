@@ -55,7 +55,7 @@ def local_gradients(state: p2pgen.SharedState, x: torch.Tensor, y: torch.Tensor)
     pred = torch.tanh(x @ w1.T + b1) @ w2.T + b2
     loss = ((pred - y) ** 2).sum() / GLOBAL_BATCH
     grads = torch.autograd.grad(loss, params)
-    return torch.cat([gr.reshape(-1) for gr in grads] + [loss.detach().reshape(1)]), float(loss)
+    return torch.cat([gr.reshape(-1) for gr in grads] + [loss.detach().reshape(1)]), float(loss.detach())
 
 
 def apply_update(state: p2pgen.SharedState, flat: torch.Tensor, lr: float, momentum: float) -> None:

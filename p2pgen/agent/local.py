@@ -120,8 +120,11 @@ class LocalJob:
         i = self.rng.choice(alive)
         if self.command and self.rng.random() < 0.7:
             pid = self._app_pid(self.addrs[i])
+            try:
+                os.kill(pid, signal.SIGKILL) if pid else None
+            except ProcessLookupError:      # it exited (or was restarted) since we asked its agent
+                return
             if pid:
-                os.kill(pid, signal.SIGKILL)
                 self._fault(f"SIGKILL application of peer{i} (pid {pid}); its agent restarts it")
             return
         os.killpg(self.agents[i].pid, signal.SIGKILL)

@@ -17,6 +17,9 @@ KINDS = ("fixed", "phi")
 class DetectorConfig:
     """How a peer's silence is turned into a suspicion.
 
+    Defaults (floor 0.8 s, timeout 1.5 s) follow the detector sweep in sims/README.md: the optimum sits near
+    1.5 s, and a floor well above the heartbeat interval keeps a briefly starved agent from being evicted.
+
     kind: "fixed" suspects a peer silent longer than `timeout`; "phi" suspects it once the phi-accrual
     level of its silence exceeds `phi_threshold`, but never within `floor` and always after `timeout`.
     heartbeat_interval: how often peers send heartbeats (the sender's period; the decision itself only
@@ -25,8 +28,8 @@ class DetectorConfig:
     """
 
     kind: str = "phi"
-    timeout: float = 1.0
-    floor: float = 0.3
+    timeout: float = 1.5
+    floor: float = 0.8
     phi_threshold: float = 8.0
     heartbeat_interval: float = 0.1
     window: int = 100
