@@ -1,0 +1,217 @@
+"""Catch-up: only differing tensors move, sources share the work, a dead source's chunks are resumed
+elsewhere, and nothing unverified or unauthorized touches a user's tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from p2pgen import auth
+from p2pgen.core.model import Frontier
+from p2pgen.errors import ProtocolError
+from p2pgen.state import DigestMismatch, PullConfig, ServerConfig, SharedState, StateSyncError, pull_state
+from p2pgen.state import wire
+from p2pgen.transport import handshake
+from tests.state.helpers import JOB, SECRET, make_state, source_of
+
+pytestmark = pytest.mark.timeout(30)
+
+GEN = 5
+SMALL = PullConfig(chunk_bytes=64 << 10, batch_bytes=256 << 10, connect_timeout=5.0, op_timeout=10.0)
+
+
+def pull(state, sources, me=("joiner", 7), secret=SECRET, generation=GEN, frontier=None, **kw):
+    frontier = frontier or Frontier(sources[0].manifest.revision, sources[0].manifest.digest)
+    return pull_state(state, job=JOB, secret=secret, me=me, generation=generation, frontier=frontier,
+                      sources=[source_of(s) for s in sources], config=kw.pop("config", SMALL), progress=False,
+                      **kw)
+
+
+class Serving:
+    """A server inside its serving window for GEN; `.manifest` is what it serves."""
+
+    def __init__(self, server, generation=GEN):
+        self.server = server
+        self._cm = server.serving(generation)
+        self.manifest = self._cm.__enter__()
+
+    def leave(self):
+        self._cm.__exit__(None, None, None)
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+
+def bytes_of(state):
+    return {n: np.asarray(state.tensors[n]).tobytes() for n in sorted(state.tensors)}
+
+
+def test_pull_fetches_only_the_differing_tensors(servers):
+    src = make_state(1, 1 << 20)
+    dst = make_state(1, 1 << 20, revision=3)
+    dst.tensors["layer2.weight"][100] += 1.0
+    s = Serving(servers(src, ("p0", 1)))
+    report = pull(dst, [s])
+    assert report.tensors_fetched == ("layer2.weight",)
+    assert set(report.tensors_skipped) == {"bias", "layer0.weight", "layer1.weight", "layer3.weight"}
+    assert report.bytes_total == src.tensors["layer2.weight"].nbytes
+    assert report.objects_fetched and dst.objects == src.objects and dst.revision == src.revision
+    assert dst.digest() == src.digest() and bytes_of(dst) == bytes_of(src)
+
+
+def test_several_sources_share_the_transfer(servers):
+    src_a, src_b, dst = make_state(2, 2 << 20), make_state(2, 2 << 20), make_state(9, 2 << 20)
+    a, b = Serving(servers(src_a, ("p0", 1))), Serving(servers(src_b, ("p1", 1)))
+    report = pull(dst, [a, b])
+    assert set(report.bytes_by_source) == {"p0", "p1"} and min(report.bytes_by_source.values()) > 0
+    assert report.bytes_total == sum(src_a.tensors[n].nbytes for n in report.tensors_fetched)
+    assert dst.digest() == src_a.digest()
+
+
+def test_a_joiner_with_a_corrupted_copy_ends_bit_identical_and_keeps_its_tensor_objects(servers):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 128)
+    src = SharedState({n: p.detach().clone() for n, p in model.named_parameters()}, {"step": 40}, revision=40)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        params["weight"].view(-1)[::97] += 3.0          # the joiner's copy is corrupt
+    dst = SharedState(params, {"step": 39}, revision=39)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    pointers = {n: p.data_ptr() for n, p in params.items()}
+    report = pull(dst, [Serving(servers(src, ("p0", 1)))])
+    assert report.tensors_fetched == ("weight",)
+    for n, p in params.items():
+        assert dst.tensors[n] is p and p.data_ptr() == pointers[n]
+        assert torch.equal(p.detach(), src.tensors[n])
+    assert optimizer.param_groups[0]["params"][0] is params["weight"]
+    assert dst.digest() == src.digest() and dst.revision == 40
+
+
+def test_a_source_killed_mid_transfer_does_not_stop_the_catch_up(source_processes):
+    size = 24 << 20
+    a = source_processes(3, size, GEN, "p0", 1, "joiner")
+    b = source_processes(3, size, GEN, "p1", 1, "joiner")
+    expected = make_state(3, size)
+    dst = make_state(4, size, revision=0)
+    killed = []
+
+    def kill_a_after_its_first_chunk(source, nbytes):
+        if source.peer_id == "p0" and not killed:
+            os.kill(a.pid, signal.SIGKILL)
+            killed.append(a.pid)
+    report = pull_state(dst, job=JOB, secret=SECRET, me=("joiner", 7), generation=GEN,
+                        frontier=Frontier(expected.revision, expected.digest()), sources=[a.source, b.source],
+                        config=PullConfig(chunk_bytes=256 << 10, batch_bytes=4 << 20, op_timeout=10.0),
+                        progress=False, on_chunk=kill_a_after_its_first_chunk)
+    assert killed and a.proc.wait(5) == -signal.SIGKILL
+    assert "p0" in report.failed_sources and report.resumed >= 1
+    assert report.bytes_by_source["p1"] > report.bytes_by_source["p0"] > 0
+    assert report.bytes_total == sum(expected.tensors[n].nbytes for n in report.tensors_fetched)
+    assert bytes_of(dst) == bytes_of(expected) and dst.digest() == expected.digest()
+
+
+def test_a_source_that_closes_after_some_chunks_is_resumed_by_another(servers):
+    src, dst = make_state(5, 2 << 20), make_state(6, 2 << 20)
+    a, b = Serving(servers(src, ("p0", 1))), Serving(servers(src, ("p1", 1)))
+    seen = []
+
+    def close_a_after_three_chunks(source, nbytes):
+        seen.append(source.peer_id)
+        if seen.count("p0") == 3:
+            a.leave()                     # p0 leaves its window mid-batch: its connections are shut down
+    report = pull(dst, [a, b], on_chunk=close_a_after_three_chunks)
+    assert "p0" in report.failed_sources and report.resumed >= 1
+    assert dst.digest() == src.digest()
+
+
+def test_an_unauthorized_puller_is_refused_and_nothing_changes(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    before = bytes_of(dst)
+    s = Serving(servers(src, ("p0", 1), allowed={"someone-else"}))
+    with pytest.raises(StateSyncError, match="not_member"):
+        pull(dst, [s])
+    assert s.stats()["not_member"] == 1 and bytes_of(dst) == before
+
+
+def test_a_wrong_secret_is_refused_and_nothing_changes(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    before = bytes_of(dst)
+    s = Serving(servers(src, ("p0", 1)))
+    with pytest.raises(StateSyncError, match="secret"):
+        pull(dst, [s], secret=b"not-the-job-secret")
+    assert s.stats()["auth_failed"] == 1 and bytes_of(dst) == before
+
+
+def test_a_restarted_source_incarnation_is_not_accepted(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    s = Serving(servers(src, ("p0", 2)))
+    frontier = Frontier(s.manifest.revision, s.manifest.digest)
+    with pytest.raises(StateSyncError, match="wrong_incarnation"):
+        pull_state(dst, job=JOB, secret=SECRET, me=("joiner", 7), generation=GEN, frontier=frontier,
+                   sources=[dataclasses.replace(source_of(s), incarnation=1)], config=SMALL, progress=False)
+    assert s.stats()["wrong_incarnation"] == 1
+
+
+def test_a_stale_generation_is_refused(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    s = Serving(servers(src, ("p0", 1)))
+    with pytest.raises(StateSyncError, match="GenerationChanged.*serving generation 5"):
+        pull(dst, [s], generation=GEN - 1)
+    assert s.stats()["stale_generation"] == 1
+
+
+def test_a_source_outside_its_serving_window_sends_nothing(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    server = servers(src, ("p0", 1), config=ServerConfig(wait_for_window=0.3))
+    frontier = Frontier(src.revision, src.digest())
+    with pytest.raises(StateSyncError, match="not_serving"):
+        pull_state(dst, job=JOB, secret=SECRET, me=("joiner", 7), generation=GEN, frontier=frontier,
+                   sources=[source_of(server)], config=SMALL, progress=False)
+    assert server.stats()["not_serving"] == 1
+
+
+def test_a_source_that_is_not_at_the_frontier_is_dropped(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    s = Serving(servers(src, ("p0", 1)))
+    with pytest.raises(StateSyncError, match="not the frontier"):
+        pull(dst, [s], frontier=Frontier(src.revision, "f" * 32))
+
+
+def test_bytes_that_do_not_match_the_manifest_leave_the_tensor_untouched(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    s = Serving(servers(src, ("p0", 1)))
+    src.tensors["layer1.weight"][0] += 1.0      # breaks the window contract: numpy writes are invisible to it
+    before = bytes_of(dst)
+    with pytest.raises(DigestMismatch, match="layer1.weight"):
+        pull(dst, [s])
+    assert bytes_of(dst)["layer1.weight"] == before["layer1.weight"]
+    assert dst.revision == 10 and dst.objects["rng"] != src.objects["rng"]   # objects not applied either
+
+
+def test_a_torch_tensor_written_inside_the_window_is_refused(servers):
+    src = SharedState({"w": torch.zeros(1000)}, revision=2)
+    dst = SharedState({"w": torch.ones(1000)}, revision=1)
+    s = Serving(servers(src, ("p0", 1)))
+    src.tensors["w"].add_(1.0)
+    with pytest.raises(StateSyncError, match="mutated"):
+        pull(dst, [s])
+    assert s.stats()["mutated"] == 1 and torch.equal(dst.tensors["w"], torch.ones(1000))
+
+
+def test_malformed_and_oversized_requests_are_refused_and_counted(servers):
+    s = Serving(servers(make_state(7, 1 << 16), ("p0", 1)))
+    key = auth.derive_key(SECRET, JOB, wire.KEY_PURPOSE)
+    for body, reason in ((b"\xff\xff\xff\xff", "oversized"), (b"\x00\x00\x00\x02\xc1\xc1", "malformed")):
+        with socket.create_connection((s.host, s.port), timeout=5) as sock:
+            handshake.dial(sock, key, handshake.Hello(JOB, GEN, ("joiner", 7), ("p0", 1), auth.new_nonce()))
+            sock.sendall(body)
+            rx = wire.FrameReceiver(sock, JOB, GEN, ("p0", 1), 1 << 20, wire.Counters())
+            with pytest.raises(ProtocolError, match=reason):
+                rx.recv(wire.MANIFEST, 0, 0)
+        assert s.stats()[reason] == 1

@@ -1,0 +1,90 @@
+"""SharedState digests: content only, dtype and shape included, cached while provably unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from p2pgen.state import Manifest, SharedState
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_equal_content_gives_equal_digest_whatever_the_revision_or_kind():
+    a = SharedState({"w": np.arange(12, dtype=np.float32), "b": np.ones(3)}, {"step": 3}, revision=3)
+    b = SharedState({"b": np.ones(3), "w": torch.arange(12, dtype=torch.float32)}, {"step": 3}, revision=99)
+    assert a.digest() == b.digest()
+    assert a.tensor_digests() == b.tensor_digests()
+    b.tensors["w"][0] = 1.0
+    assert a.digest() != b.digest()
+
+
+def test_dtype_and_shape_are_part_of_the_digest():
+    raw = np.arange(6, dtype=np.int32)
+    base = SharedState({"x": raw.reshape(2, 3)}).digest()
+    assert SharedState({"x": raw.reshape(3, 2)}).digest() != base
+    assert SharedState({"x": raw.view(np.float32).reshape(2, 3)}).digest() != base
+    assert SharedState({"x": raw.reshape(2, 3).copy()}).digest() == base
+
+
+def test_objects_are_part_of_the_digest():
+    assert SharedState(objects={"step": 1}).digest() != SharedState(objects={"step": 2}).digest()
+
+
+def test_torch_digest_is_cached_until_an_in_place_write_or_a_commit():
+    w, v = torch.zeros(1000), torch.ones(1000)
+    state = SharedState({"w": w, "v": v})
+    first = state.digest()
+    hashed = state.hashed_bytes
+    assert state.digest() == first and state.hashed_bytes == hashed          # cached: nothing re-hashed
+    w.add_(1.0)                                                               # bumps w._version only
+    assert state.digest() != first
+    assert state.hashed_bytes == hashed + w.nbytes                           # only w was re-hashed
+    state.commit()                                                            # fused optimizers skip _version
+    state.digest()
+    assert state.hashed_bytes == hashed + 2 * w.nbytes + v.nbytes
+
+
+def test_a_write_that_torch_does_not_count_is_seen_after_touch():
+    w = torch.zeros(10)
+    state = SharedState({"w": w})
+    before = state.digest()
+    w.data.add_(1.0)                      # .data has its own version counter: invisible to the cache
+    assert state.digest() == before       # the documented hole, hence touch()
+    state.touch("w")
+    assert state.digest() != before
+
+
+def test_numpy_arrays_are_rehashed_every_call():
+    a = np.zeros(100, np.float32)
+    state = SharedState({"a": a})
+    before = state.digest()
+    a[5] = 1.0
+    assert state.digest() != before
+    assert state.hashed_bytes == 2 * a.nbytes
+
+
+def test_replacing_an_entry_drops_its_cached_digest():
+    state = SharedState({"w": torch.zeros(4)})
+    before = state.digest()
+    state.tensors["w"] = torch.ones(4)
+    assert state.digest() != before
+
+
+def test_manifest_round_trips_and_refuses_a_tampered_one():
+    state = SharedState({"w": np.arange(5.0), "e": np.zeros((0, 3), np.float16)}, {"k": [1, 2]}, revision=4)
+    m = state.manifest()
+    assert Manifest.from_wire(m.to_wire()) == m
+    assert m.digest == state.digest() and m.revision == 4 and m.entry("e").shape == (0, 3)
+    bad = m.to_wire()
+    bad["entries"][0][1] = "0" * 32
+    with pytest.raises(ValueError, match="does not match"):
+        Manifest.from_wire(bad)
+
+
+def test_unsupported_values_are_refused():
+    with pytest.raises(TypeError, match="objects"):
+        SharedState({"x": [1, 2, 3]})
+    with pytest.raises(ValueError, match="byte order"):
+        SharedState({"x": np.zeros(3, dtype=">f4")})
