@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -68,7 +69,13 @@ def test_pull_fetches_only_the_differing_tensors(servers):
 def test_several_sources_share_the_transfer(servers):
     src_a, src_b, dst = make_state(2, 2 << 20), make_state(2, 2 << 20), make_state(9, 2 << 20)
     a, b = Serving(servers(src_a, ("p0", 1))), Serving(servers(src_b, ("p1", 1)))
-    report = pull(dst, [a, b])
+    p1_delivered = threading.Event()
+
+    def hold_p0_until_p1_delivered(source, nbytes):   # else a fast p0 may take every batch first
+        if source.peer_id == "p1":
+            p1_delivered.set()
+        assert p1_delivered.wait(10), "p1 never got a batch while p0 was busy"
+    report = pull(dst, [a, b], on_chunk=hold_p0_until_p1_delivered)
     assert set(report.bytes_by_source) == {"p0", "p1"} and min(report.bytes_by_source.values()) > 0
     assert report.bytes_total == sum(src_a.tensors[n].nbytes for n in report.tensors_fetched)
     assert dst.digest() == src_a.digest()
@@ -123,7 +130,7 @@ def test_a_source_that_closes_after_some_chunks_is_resumed_by_another(servers):
 
     def close_a_after_three_chunks(source, nbytes):
         seen.append(source.peer_id)
-        if seen.count("p0") == 3:
+        if source.peer_id == "p0" and seen.count("p0") == 3:
             a.leave()                     # p0 leaves its window mid-batch: its connections are shut down
     report = pull(dst, [a, b], on_chunk=close_a_after_three_chunks)
     assert "p0" in report.failed_sources and report.resumed >= 1
