@@ -163,6 +163,7 @@ class Peer:
                                         host=shost, port=sport)
         self._serving = contextlib.ExitStack()      # open while quiesced between generations
         self.backend: TcpBackend | None = None
+        self.current_step: Step | None = None      # the step last yielded by steps() (read by p2pgen.torch)
         self.certificate: dict[str, Any] | None = None
         self._switch_to: int | None = None
         self._view: dict[str, Any] = self.agent.show()
@@ -180,6 +181,7 @@ class Peer:
             if self.backend is None or self._switch_to is not None or self._backend_dead():
                 self._enter_next_generation()
             step = Step(self, self.backend)
+            self.current_step = step
             yield step
             if step.committed:
                 self.stats["steps_committed"] += 1
