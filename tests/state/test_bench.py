@@ -1,0 +1,15 @@
+"""catchup_throughput: a real pull beside raw TCP of the same bytes, from as many source processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pgen.state.bench import catchup_throughput
+
+
+@pytest.mark.timeout(60)
+def test_catchup_throughput_pulls_every_byte_from_every_source():
+    r = catchup_throughput(4 << 20, sources=2, chunk_bytes=256 << 10)
+    assert sum(r["bytes_by_source"].values()) == 4 << 20 and set(r["bytes_by_source"]) <= {"src0", "src1"}
+    assert r["pull_GBps"] > 0 and r["raw_GBps"] > 0
+    assert r["pull_over_raw"] == pytest.approx(r["raw_seconds"] / r["pull_seconds"])
