@@ -1,0 +1,220 @@
+"""The chaos benchmark's training application: `python -m p2pgen.chaos.app RUN_DIR` under a `p2pgen join` agent.
+
+Runs the exact mini-training of `model.py` under the policy named in RUN_DIR/config.json and logs, as
+JSON lines in RUN_DIR/logs/<peer>-<incarnation>.jsonl, everything the checker needs: where its state
+came from (`start`), every activation (`activate`), every contribution to a step's collective
+(`contribute`, written *before* the collective so that a member killed inside it is still accounted
+for), every applied step with its digests before and after (`apply`), every fault it fired (`inject`)
+and its final state (`final`). Lines are written unbuffered, so a SIGKILL loses none that was written.
+
+Injection points inside one step of revision r (schedule.STEP_POINTS, in this order):
+    before_allreduce -> [all-reduce bucket 0: mid_allreduce after sending frame k] -> between_buckets
+    -> [all-reduce bucket 1] -> after_allreduce -> momentum written -> mid_optimizer -> weights written
+    -> commit -> after_commit
+Mid-collective faults count the frames this member hands to the ring in bucket 0's all-reduce; the
+count is taken by wrapping `p2pgen.collectives.tcp._Pipe` in this process only.
+Collectives of one generation are identified by (generation, attempt): the members of a generation run
+the same collectives in lockstep, so their k-th step attempts in it are one collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from p2pgen.chaos import model, policies
+from p2pgen.chaos.schedule import Injection
+from p2pgen.collectives import tcp
+from p2pgen.state import SharedState
+from p2pgen.transport import FrameKind
+
+
+class EventLog:
+    def __init__(self, path: str, peer: str, incarnation: int) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._who = {"peer": peer, "incarnation": incarnation}
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), "event": event, **self._who, **fields}) + "\n"
+        os.write(self._fd, line.encode())
+
+
+class Injector:
+    """Fires this peer's scheduled injections at named points, each once per run (an O_EXCL marker)."""
+
+    def __init__(self, run_dir: str, config: dict[str, Any], peer_id: str, log: EventLog) -> None:
+        self.run_dir, self.config, self.peer_id, self.log = run_dir, config, peer_id, log
+        self.mine = [Injection(**i) for i in config["injections"] if i["peer"] == peer_id]
+        self.peer: policies.ChaosPeer | None = None
+        self.frames_armed: tuple[int, int] | None = None      # (collective seq, revision)
+
+    def at(self, point: str, revision: int, **context: Any) -> None:
+        for inj in self.mine:
+            if inj.point == point and revision >= inj.revision and self._claim(inj):
+                self.log("inject", kind=inj.kind, point=point, revision=revision, name=inj.name)
+                self._fire(inj, context)
+
+    def on_frame(self, seq: int, sent: int) -> None:
+        if self.frames_armed is not None and seq == self.frames_armed[0]:
+            revision = self.frames_armed[1]
+            for inj in self.mine:
+                if inj.point == "mid_allreduce" and revision >= inj.revision and sent > inj.frame \
+                        and self._claim(inj):
+                    self.log("inject", kind=inj.kind, point="mid_allreduce", revision=revision, name=inj.name,
+                             frame=sent)
+                    self._fire(inj, {})
+
+    def _claim(self, inj: Injection) -> bool:
+        try:
+            os.close(os.open(os.path.join(self.run_dir, "fired", inj.name), os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            return False
+
+    def _fire(self, inj: Injection, context: dict[str, Any]) -> None:
+        me = os.getpid()
+        if inj.kind == "kill_app":
+            os.kill(me, signal.SIGKILL)
+        elif inj.kind == "kill_agent":
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(5)                          # PR_SET_PDEATHSIG kills this process with its agent
+        elif inj.kind == "kill_leader":
+            self._kill_leader()
+        elif inj.kind in ("pause_short", "pause_long"):
+            seconds = self.config[inj.kind]
+            subprocess.Popen(["/bin/sh", "-c", f"sleep {seconds}; kill -CONT {me} 2>/dev/null"],
+                             start_new_session=True)
+            os.kill(me, signal.SIGSTOP)
+        elif inj.kind == "kill_source":
+            self._kill_app_of(context["sources"][0])
+        elif inj.kind == "join":
+            open(os.path.join(self.run_dir, "requests", f"join-{inj.name}"), "w").close()
+        elif inj.kind == "leave":
+            raise SystemExit(0)
+
+    def _kill_leader(self) -> None:
+        leader = self.peer._view["raft"]["leader"] if self.peer else None
+        if leader is None:
+            return
+        host, port = leader.rsplit(":", 1)
+        with open(os.path.join(self.run_dir, "agents.json")) as f:
+            pid = json.load(f).get(f"{host}:{int(port) - 1}")
+        if pid:
+            _kill(pid)
+            if pid == os.getppid():
+                time.sleep(5)
+
+    def _kill_app_of(self, peer_id: str) -> None:
+        try:
+            with open(os.path.join(self.run_dir, "pids", peer_id)) as f:
+                _kill(int(f.read()))
+        except (OSError, ValueError):
+            pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _count_frames(injector: Injector) -> None:
+    """Wrap the ring's frame sender of this process so that mid-collective faults can fire after frame k."""
+    base = tcp._Pipe
+
+    class CountingPipe(base):  # type: ignore[misc, valid-type]
+        def send(self, arr: np.ndarray) -> None:
+            super().send(arr)
+            if self.kind == FrameKind.COLLECTIVE:
+                injector.on_frame(self.seq, self.sent)
+    tcp._Pipe = CountingPipe
+
+
+def starting_state(policy: str, run_dir: str, peer_id: str) -> tuple[SharedState, dict[str, Any]]:
+    """Where this process's state comes from: see `policies`."""
+    loaded = None
+    if policy == "comm-only":
+        loaded = policies.load_npz(policies.snapshot_path(run_dir, peer_id))
+    elif policy == "restart-all":
+        loaded = policies.load_npz(policies.checkpoint_path(run_dir))
+    if loaded is None:
+        return SharedState(tensors=model.initial_tensors()), {"source": "initial"}
+    tensors, revision, meta = loaded
+    source = "snapshot" if policy == "comm-only" else "checkpoint"
+    return SharedState(tensors=tensors, revision=revision), {"source": source, **meta}
+
+
+def run_step(step: Any, state: SharedState, injector: Injector, log: EventLog, attempt: int) -> None:
+    r, peer = step.revision, injector.peer
+    lo, hi = model.shard(step.rank, step.world)
+    grad = model.gradient(r, lo, hi)
+    log("contribute", generation=step.generation, attempt=attempt, rank=step.rank, world=step.world, revision=r,
+        lo=lo, hi=hi)
+    injector.at("before_allreduce", r)
+    for i, bucket in enumerate(model.buckets(grad)):
+        if i == 0:
+            injector.frames_armed = (peer.backend.op_seq + 1, r)     # the step's control all-reduce runs first
+        step.all_reduce(bucket, op="sum")
+        injector.frames_armed = None
+        if i == 0:
+            injector.at("between_buckets", r)
+    injector.at("after_allreduce", r)
+    before = state.digest()
+    model.optimizer_momentum(state.tensors["m"], grad)
+    injector.at("mid_optimizer", r)
+    model.optimizer_weights(state.tensors["w"], state.tensors["m"])
+    step.commit()
+    log("apply", generation=step.generation, attempt=attempt, rank=step.rank, world=step.world, revision=r,
+        before=before, after=state.digest())
+
+
+def save_after_commit(policy: str, run_dir: str, state: SharedState, peer_id: str, incarnation: int,
+                      rank: int) -> None:
+    if policy == "comm-only":
+        policies.save_npz(policies.snapshot_path(run_dir, peer_id), state, writer=incarnation)
+    elif policy == "restart-all" and rank == 0 and state.revision % policies.CHECKPOINT_EVERY == 0:
+        policies.save_npz(policies.checkpoint_path(run_dir), state, writer=incarnation)
+
+
+def main(run_dir: str) -> int:
+    with open(os.path.join(run_dir, "config.json")) as f:
+        config = json.load(f)
+    policy, peer_id, incarnation = config["policy"], os.environ["P2PGEN_PEER_ID"], int(os.environ["P2PGEN_INCARNATION"])
+    log = EventLog(os.path.join(run_dir, "logs", f"{peer_id}-{incarnation}.jsonl"), peer_id, incarnation)
+    with open(os.path.join(run_dir, "pids", peer_id), "w") as f:
+        f.write(str(os.getpid()))
+    state, origin = starting_state(policy, run_dir, peer_id)
+    log("start", policy=policy, revision=state.revision, digest=state.digest(), **origin)
+    injector = Injector(run_dir, config, peer_id, log)
+    _count_frames(injector)
+    peer = policies.join(policy, state, injector.at, log)
+    injector.peer = peer
+    attempts: dict[int, int] = {}
+    try:
+        for step in peer.steps():
+            if state.revision >= config["steps"]:
+                break
+            attempt = attempts[step.generation] = attempts.get(step.generation, -1) + 1
+            with step:
+                time.sleep(config["step_delay"])
+                run_step(step, state, injector, log, attempt)
+            if step.committed:
+                save_after_commit(policy, run_dir, state, peer_id, incarnation, step.rank)
+                injector.at("after_commit", state.revision - 1)
+        log("final", revision=state.revision, digest=state.digest())
+    except SystemExit:
+        log("left", revision=state.revision, digest=state.digest())
+    peer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

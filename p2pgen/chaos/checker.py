@@ -1,0 +1,200 @@
+"""The checker: is a run equal to one legal serial history, and if not, what went wrong, by name.
+
+Input: the applications' event logs (see `app.py`) and the job's certificate history. Reference: the
+closed-form digests D[r] of the serial state after r steps (`model.reference_digests`).
+
+A step application (`apply`) is legal iff its state before was D[r] and its state after is D[r+1]: the
+step of revision r, applied exactly once, on top of exactly steps 0..r-1. A run passes iff every
+application is legal, every contributor to a collective of generation G is a member of G's
+certificate, no generation resumed below a revision that one of its own members had committed (unless
+the policy recorded a rollback: a restart from a checkpoint), and every live member ends with the same
+revision and digest, equal to D[final revision].
+
+Names of the semantic failures (a run may have several; `failures` lists them by first occurrence):
+- `duplicated step`: a collective mixed members at different revisions: the lower ones applied a step
+  that another member had already committed, into a state that now holds it twice;
+- `incarnation confusion`: the same, where a lower member resumed from state saved by an earlier
+  incarnation of its peer id (an evicted process's state was used), or a process that is not a member of
+  a generation's certificate contributed to one of its collectives;
+- `lost committed step`: a generation resumed below a revision one of its members had committed, with no
+  rollback record;
+- `divergent state`: live members end with different states, or with a state that is no serial
+  history (also what remains when no other cause is found for an illegal application).
+An illegal application whose state before was already not serial is a consequence, not a new cause.
+`stale completion visible` is named when a contribution of an older generation reaches a collective.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pgen.chaos.model import reference_digests
+
+DUPLICATED, CONFUSION, LOST, DIVERGENT, STALE = ("duplicated step", "incarnation confusion", "lost committed step",
+                                                 "divergent state", "stale completion visible")
+
+
+@dataclass
+class Verdict:
+    failures: list[str]                 # semantic failure names, by first occurrence
+    evidence: list[str]                 # one human-readable line per finding
+    injections: int
+    latencies: list[float]              # seconds from each injection to the next step applied after it
+    rollbacks: list[int]                # committed steps lost per injection
+    steps_per_s: float | None
+    final_revision: int | None
+    stalled: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and not self.stalled
+
+    def to_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "failures": self.failures, "evidence": self.evidence[:20],
+                "injections": self.injections, "latencies": self.latencies, "rollbacks": self.rollbacks,
+                "steps_per_s": self.steps_per_s, "final_revision": self.final_revision, "stalled": self.stalled}
+
+
+class _Findings:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.evidence: list[str] = []
+
+    def add(self, name: str, text: str) -> None:
+        if name not in self.names:
+            self.names.append(name)
+        self.evidence.append(f"{name}: {text}")
+
+
+def check(events: list[dict[str, Any]], history: list[dict[str, Any]], steps: int, stalled: bool = False) -> Verdict:
+    events = sorted(events, key=lambda e: e["t"])
+    ref = reference_digests(steps + 2)
+    found = _Findings()
+    _check_applications(events, ref, found)
+    _check_membership(events, history, found)
+    _check_resumption(events, ref, found)
+    finals = _check_finals(events, ref, found, stalled)
+    latencies, rollbacks = _recovery(events, ref)
+    return Verdict(found.names, found.evidence, sum(e["event"] == "inject" for e in events), latencies, rollbacks,
+                   _throughput(events, steps), finals, stalled)
+
+
+def _by_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == kind]
+
+
+def _legal(e: dict[str, Any], ref: list[str]) -> bool:
+    r = e["revision"]
+    return r + 1 < len(ref) and e["before"] == ref[r] and e["after"] == ref[r + 1]
+
+
+def _check_applications(events: list[dict[str, Any]], ref: list[str], found: _Findings) -> None:
+    contributions: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for c in _by_kind(events, "contribute"):
+        contributions[(c["generation"], c["attempt"])].append(c)
+    origin = {(s["peer"], s["incarnation"]): s for s in _by_kind(events, "start")}
+    for a in _by_kind(events, "apply"):
+        if _legal(a, ref) or a["revision"] >= len(ref) or a["before"] != ref[a["revision"]]:
+            continue                                    # legal, or a consequence of an earlier cause
+        who = f"{a['peer']}#{a['incarnation']} applying step {a['revision']} in g{a['generation']}"
+        group = contributions[(a["generation"], a["attempt"])]
+        stale = [c for c in group if c["generation"] != a["generation"]]
+        revisions = sorted({c["revision"] for c in group})
+        if stale:
+            found.add(STALE, f"{who} summed a contribution of g{stale[0]['generation']}")
+        elif len(revisions) > 1:
+            behind = [c for c in group if c["revision"] < revisions[-1]]
+            confused = [c for c in behind if origin.get((c["peer"], c["incarnation"]), {}).get("source") == "snapshot"]
+            members = ", ".join(f"{c['peer']}#{c['incarnation']}@r{c['revision']}" for c in group)
+            if confused:
+                c = confused[0]
+                found.add(CONFUSION, f"{who}: {c['peer']}#{c['incarnation']} resumed from the state of an earlier "
+                                     f"incarnation of {c['peer']} and contributed step {c['revision']} ({members})")
+            else:
+                found.add(DUPLICATED, f"{who}: members at revisions {revisions} in one collective ({members})")
+        else:
+            found.add(DIVERGENT, f"{who}: the state after is not D[{a['revision'] + 1}]")
+
+
+def _check_membership(events: list[dict[str, Any]], history: list[dict[str, Any]], found: _Findings) -> None:
+    members = {h["generation"]: {(m["peer_id"], m["incarnation"]) for m in h["members"]} for h in history
+               if h.get("outcome", "activated") == "activated"}
+    for e in _by_kind(events, "activate"):
+        members.setdefault(e["generation"], {tuple(m) for m in e["members"]})
+    for c in _by_kind(events, "contribute"):
+        if c["generation"] in members and (c["peer"], c["incarnation"]) not in members[c["generation"]]:
+            found.add(CONFUSION, f"{c['peer']}#{c['incarnation']} contributed to g{c['generation']} "
+                                 f"but is not in its certificate")
+
+
+def _check_resumption(events: list[dict[str, Any]], ref: list[str], found: _Findings) -> None:
+    """Each generation resumes at or above every revision its members had committed (I2, I5)."""
+    committed: dict[tuple[str, int], int] = {}
+    resumed: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+    for e in events:
+        who = (e["peer"], e["incarnation"])
+        if e["event"] == "apply" and _legal(e, ref):
+            committed[who] = max(committed.get(who, 0), e["revision"] + 1)
+        elif e["event"] == "activate":
+            resumed[e["generation"]][who] = e["revision"]
+            held = committed.get(who, 0)
+            if e["revision"] < held:
+                found.add(LOST, f"{who[0]}#{who[1]} entered g{e['generation']} at revision {e['revision']} "
+                                f"after committing revision {held}")
+
+
+def _check_finals(events: list[dict[str, Any]], ref: list[str], found: _Findings, stalled: bool) -> int | None:
+    finals = _by_kind(events, "final")
+    if not finals:
+        if not stalled:
+            found.add(DIVERGENT, "no member finished")
+        return None
+    states = {(f["revision"], f["digest"]) for f in finals}
+    if len(states) > 1:
+        found.add(DIVERGENT, "live members end with different states: " + ", ".join(
+            f"{f['peer']}#{f['incarnation']}@r{f['revision']}" for f in finals))
+    for f in finals:
+        if f["revision"] >= len(ref) or f["digest"] != ref[f["revision"]]:
+            found.add(DIVERGENT, f"{f['peer']}#{f['incarnation']} ends at revision {f['revision']} with a state "
+                                 f"that is no serial history")
+    return max(f["revision"] for f in finals)
+
+
+def _recovery(events: list[dict[str, Any]], ref: list[str]) -> tuple[list[float], list[int]]:
+    """Per injection: seconds until the next step applied in a generation activated after it (or the next
+    step at all when the fault changed no generation), and committed steps rolled back."""
+    latencies, rollbacks = [], []
+    applies = _by_kind(events, "apply")
+    activations = _by_kind(events, "activate")
+    for inj in _by_kind(events, "inject"):
+        t = inj["t"]
+        gen_before = max((a["generation"] for a in activations if a["t"] <= t), default=0)
+        after = [a for a in applies if a["t"] > t]
+        changed = [a for a in after if a["generation"] > gen_before]
+        nxt = changed[0] if changed else (after[0] if after else None)
+        if nxt is None:
+            continue
+        committed = max((a["revision"] + 1 for a in applies if a["t"] <= t and _legal(a, ref)), default=0)
+        latencies.append(nxt["t"] - t)
+        rollbacks.append(max(0, committed - nxt["revision"]))
+    return latencies, rollbacks
+
+
+def _throughput(events: list[dict[str, Any]], steps: int) -> float | None:
+    applies, finals = _by_kind(events, "apply"), _by_kind(events, "final")
+    if not applies or not finals:
+        return None
+    span = max(f["t"] for f in finals) - applies[0]["t"]
+    return steps / span if span > 0 else None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]

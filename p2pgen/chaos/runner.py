@@ -1,0 +1,161 @@
+"""One schedule under one policy on real processes: 4 agents (`p2pgen join`) supervising `p2pgen.chaos.app`.
+
+Owns: the run directory (config, logs, markers, requests), the agent processes of the run and everything
+the applications ask of the harness: replacing an agent that was SIGKILLed (a lost host coming back under
+the same peer id, at the same address), starting a new peer for a `join` request (scale-up), and the
+map from agent address to pid that `kill_leader` reads. It also polls the job's certificate history
+(`p2pgen history --json`) while the job runs, since the last agent leaves with it.
+Invariant kept: every process it starts is stopped by pid (process group of each agent) before `run`
+returns, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2pgen.agent.client import AgentClient
+from p2pgen.chaos.schedule import Schedule
+from p2pgen.errors import P2PGenError
+from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
+
+REPLACE_AFTER_S = 0.3
+POLL_S = 0.05
+HISTORY_EVERY_S = 0.5
+DETECT = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
+          "--heartbeat-interval=0.1")
+AGENT_ARGS = ("--attach-grace=30", "--max-restarts=200")
+
+
+@dataclass
+class RunConfig:
+    step_delay: float = 0.02
+    pause_short: float = 0.3       # below the detector's 1.0 s timeout
+    pause_long: float = 2.0        # above it
+    timeout: float = 120.0         # a run not finished by then is reported as stalled
+
+
+@dataclass
+class RunResult:
+    policy: str
+    schedule: Schedule
+    run_dir: Path
+    events: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    stalled: bool
+    started: float
+    ended: float
+    harness: list[str] = field(default_factory=list)
+
+
+def run(schedule: Schedule, policy: str, run_dir: Path, config: RunConfig = RunConfig()) -> RunResult:
+    for sub in ("logs", "fired", "requests", "pids", "snapshots"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({
+        "policy": policy, "steps": schedule.steps, "step_delay": config.step_delay,
+        "pause_short": config.pause_short, "pause_long": config.pause_long,
+        "injections": schedule.to_json()["injections"]}))
+    harness = _Harness(schedule, policy, run_dir)
+    started = time.time()
+    try:
+        stalled = not harness.drive(config.timeout)
+    finally:
+        harness.cluster.stop_all()
+    return RunResult(policy, schedule, run_dir, read_events(run_dir / "logs"), harness.history, stalled, started,
+                     time.time(), harness.notes)
+
+
+def read_events(log_dir: Path) -> list[dict[str, Any]]:
+    events = []
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.endswith("}"):               # a line cut by SIGKILL mid-write is not an event
+                events.append(json.loads(line))
+    return sorted(events, key=lambda e: e["t"])
+
+
+class _Harness:
+    def __init__(self, schedule: Schedule, policy: str, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        joins = sum(1 for i in schedule.injections if i.kind == "join")
+        self.free = [f"127.0.0.1:{p}" for p in free_control_ports(schedule.members + joins)]
+        self.cluster = Cluster(run_dir, job=f"chaos-{policy}-{schedule.index}", detect=DETECT)
+        self.command = [sys.executable, "-m", "p2pgen.chaos.app", str(run_dir)]
+        self.history: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.replacing: dict[str, float] = {}
+        self.joined = 0
+        self._history_at = 0.0
+        members = [self.free.pop(0) for _ in range(schedule.members)]
+        for i, addr in enumerate(members):
+            self._start(f"p{i}", addr, [a for a in members if a != addr], ("--min-members", str(len(members))))
+
+    def _start(self, peer_id: str, addr: str, peers: list[str], extra: tuple[str, ...] = ()) -> AgentProc:
+        agent = self.cluster.start(peer_id, addr, peers, command=self.command, extra=(*AGENT_ARGS, *extra))
+        pids = {a.addr: a.pid for a in self.cluster.agents.values() if a.alive()}
+        tmp = self.run_dir / "agents.json.tmp"
+        tmp.write_text(json.dumps(pids))
+        os.replace(tmp, self.run_dir / "agents.json")
+        return agent
+
+    def drive(self, timeout: float) -> bool:
+        """Serve the run until every agent has left; False if that did not happen within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._poll_history()
+            self._serve_joins()
+            self._replace_killed_agents()
+            if not self.replacing and not any(a.alive() for a in self.cluster.agents.values()):
+                return True
+            time.sleep(POLL_S)
+        self.notes.append(f"stalled: not finished within {timeout:.0f} s")
+        return False
+
+    def _live_addrs(self) -> list[str]:
+        return [a.addr for a in self.cluster.agents.values() if a.alive()]
+
+    def _serve_joins(self) -> None:
+        for request in sorted((self.run_dir / "requests").iterdir()):
+            request.unlink()
+            live = self._live_addrs()
+            if not live or not self.free:
+                continue
+            peer_id = f"p{len(self.cluster.agents)}"
+            self.notes.append(f"scale-up: {peer_id} ({request.name})")
+            self._start(peer_id, self.free.pop(0), live)
+
+    def _replace_killed_agents(self) -> None:
+        now = time.monotonic()
+        for peer_id, agent in list(self.cluster.agents.items()):
+            if agent.alive() or peer_id in self.replacing:
+                continue
+            if agent.proc.returncode == -signal.SIGKILL and agent.proc.returncode is not None:
+                self.replacing[peer_id] = now + REPLACE_AFTER_S
+        for peer_id, due in list(self.replacing.items()):
+            live = [a for a in self._live_addrs() if a != self.cluster.agents[peer_id].addr]
+            if now >= due and live:
+                del self.replacing[peer_id]
+                self.notes.append(f"replaced agent {peer_id}")
+                self._start(peer_id, self.cluster.agents[peer_id].addr, live)
+            elif now >= due:
+                del self.replacing[peer_id]       # nobody left to join through: the job is over
+
+    def _poll_history(self) -> None:
+        if time.monotonic() - self._history_at < HISTORY_EVERY_S:
+            return
+        self._history_at = time.monotonic()
+        for addr in self._live_addrs():
+            try:
+                with AgentClient(addr, self.cluster.secret, job=self.cluster.job, timeout=1.0) as c:
+                    history = c.history()
+            except (OSError, P2PGenError):
+                continue
+            if len(history) >= len(self.history):
+                self.history = history
+            return

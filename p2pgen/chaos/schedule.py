@@ -1,0 +1,93 @@
+"""Seeded fault schedules: which fault, at which named point, in which peer, from which revision.
+
+A schedule is policy-independent: the same list runs under every policy, so the policies are compared on
+identical faults. `generate(seed, n)` is a pure function of its arguments (one `random.Random` per
+schedule, seeded from (seed, index)), so `p2pgen chaos --seed S` replays exactly the same injections.
+
+Injection points (see `app.py` for where each one sits in the step):
+- step points, in order: before_allreduce, mid_allreduce (after the member sent frame k of the first
+  gradient all-reduce's ring), between_buckets (between the two gradient all-reduces), after_allreduce
+  (before the optimizer), mid_optimizer (momentum written, weights not), after_commit;
+- transition points: pending (after this member voted `ready` for a pending generation, before it is
+  synced/active), catch_up (this member was told to pull: it, or its first source, is hit as the
+  transfer starts).
+An injection fires once, the first time its peer reaches its point at a revision >= its revision; an
+injection whose peer never gets there (it left, or no transition happened) is not counted as injected.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+STEP_POINTS = ("before_allreduce", "mid_allreduce", "between_buckets", "after_allreduce", "mid_optimizer",
+               "after_commit")
+TRANSITION_POINTS = ("pending", "catch_up")
+
+# kind -> (weight, points it may hit)
+KINDS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "kill_app": (30, STEP_POINTS + TRANSITION_POINTS),        # SIGKILL the application; its agent restarts it
+    "kill_agent": (10, STEP_POINTS + TRANSITION_POINTS),      # SIGKILL this peer's agent (the app dies with it)
+    "kill_leader": (8, STEP_POINTS + TRANSITION_POINTS),      # SIGKILL the Raft leader's agent
+    "pause_short": (7, STEP_POINTS),                          # SIGSTOP shorter than detection, then SIGCONT
+    "pause_long": (7, STEP_POINTS),                           # SIGSTOP longer than detection, then SIGCONT
+    "kill_source": (8, ("catch_up",)),                        # SIGKILL the first catch-up source's application
+    "leave": (6, ("after_commit",)),                          # scale-down: a clean exit at a step boundary
+    "join": (8, STEP_POINTS),                                 # scale-up: a new peer starts
+}
+MEMBERS = 4
+SPACING = 7                      # revisions between consecutive injections of one schedule
+
+
+@dataclass(frozen=True)
+class Injection:
+    kind: str
+    point: str
+    peer: str
+    revision: int
+    frame: int = 0               # mid_allreduce only: fire after sending this many frames (+1)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}@{self.point}:{self.peer}:r{self.revision}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    index: int
+    members: int
+    steps: int
+    injections: tuple[Injection, ...]
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "index": self.index, "members": self.members, "steps": self.steps,
+                "injections": [asdict(i) for i in self.injections]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Schedule":
+        return cls(d["seed"], d["index"], d["members"], d["steps"], tuple(Injection(**i) for i in d["injections"]))
+
+
+def generate(seed: int, count: int, injections: int = 4) -> list[Schedule]:
+    return [_one(seed, i, injections) for i in range(count)]
+
+
+def _one(seed: int, index: int, n: int) -> Schedule:
+    rng = random.Random(f"p2pgen-chaos/{seed}/{index}")
+    kinds = list(KINDS)
+    weights = [KINDS[k][0] for k in kinds]
+    out: list[Injection] = []
+    left = False
+    for i in range(n):
+        kind = rng.choices(kinds, weights)[0]
+        while kind == "leave" and left:
+            kind = rng.choices(kinds, weights)[0]
+        left = left or kind == "leave"
+        point = rng.choice(KINDS[kind][1])
+        base = 4 + SPACING * i + rng.randint(0, 2)
+        # a transition point is reached only during a generation change: aim it at the previous fault's
+        revision = max(1, base - SPACING + 1) if point in TRANSITION_POINTS and i else base
+        peer = f"p{rng.randrange(MEMBERS)}"
+        out.append(Injection(kind, point, peer, revision, frame=rng.randrange(2 * MEMBERS - 2)))
+    return Schedule(seed, index, MEMBERS, 8 + SPACING * n, tuple(out))
