@@ -27,6 +27,10 @@ from p2pgen.errors import P2PGenError
 AGENT_REPLACEMENT_DELAY_S = 1.0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 class LocalJob:
     def __init__(self, n: int, job: str, base_port: int, agent_args: list[str], command: list[str] | None,
                  secret_file: str | None, chaos: float | None = None, seed: int = 0, steps: int | None = None):
@@ -52,6 +56,7 @@ class LocalJob:
         return path
 
     def run(self) -> int:
+        signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM stops the agents like Ctrl-C does
         try:
             for i in range(self.n):
                 self._start_agent(i, initial=True)

@@ -2,7 +2,9 @@
 
 Owns: `elect_frontier`, a pure function of the ready votes (DESIGN, protocol step 5).
 Invariants kept:
-- the frontier revision is the highest revision reported by a member whose quiescence is not `unknown`;
+- the frontier revision is the highest revision reported by a member whose quiescence is not `unknown`
+  and that holds state: an empty digest means "no state" (an agent voting for an application that has
+  not attached yet) and is a candidate only when no member holds any state;
 - its digest is the one held by the most members at that revision; a tie goes to the smaller digest;
 - every member not holding exactly the frontier is told to pull, from the holders, spread round-robin;
 - members at the frontier revision with another digest are recorded as a divergence.
@@ -23,9 +25,10 @@ def elect_frontier(members: Sequence[Member], votes: Mapping[str, ReadyVote],
     `last_certified` is the frontier of the active generation; if no candidate reaches its revision
     the state it described is lost, and the election says so (`regressed_from`) instead of hiding it.
     """
-    candidates = [m for m in members if votes[m.peer_id].quiescence != "unknown"]
-    if not candidates:
+    known = [m for m in members if votes[m.peer_id].quiescence != "unknown"]
+    if not known:
         raise ValueError("frontier election needs at least one member whose quiescence is known")
+    candidates = [m for m in known if votes[m.peer_id].digest] or known
     top = max(votes[m.peer_id].revision for m in candidates)
     at_top = [m for m in candidates if votes[m.peer_id].revision == top]
     counts = Counter(votes[m.peer_id].digest for m in at_top)
