@@ -245,12 +245,12 @@ class ChannelReceiver:
         owner_inc, owner_gen = self._log.owner
         if self._closed:
             return ("busy", "the receiver is closed")
-        if conn.generation < max(owner_gen, self._floor):
-            return ("stale_generation", f"generation {conn.generation} is older than generation "
-                    f"{max(owner_gen, self._floor)} already seen on this channel")
         if conn.sender[1] < owner_inc:
             return ("superseded", f"incarnation {conn.sender[1]} of {self.sender} was superseded by "
                     f"incarnation {owner_inc}, which already took this channel over")
+        if conn.generation < max(owner_gen, self._floor):
+            return ("stale_generation", f"generation {conn.generation} is older than generation "
+                    f"{max(owner_gen, self._floor)} already seen on this channel")
         return None
 
     def _read_loop(self, conn: _Conn) -> None:

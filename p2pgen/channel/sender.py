@@ -73,8 +73,10 @@ class _Link:
         """Wake every thread on this link, wait for the write in progress, close (RST, not FIN)."""
         self.shutdown()
         with self.send_lock:
+            if self.dead:
+                return
             self.dead = True
-        if self.reader is not None and self.reader is not threading.current_thread():
+        if self.reader is not None:
             self.reader.join()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
@@ -207,7 +209,7 @@ class Channel:
         new process, resumes from the receiver's log). Idempotent."""
         with self._cond:
             self._closed = True
-            link = self._current
+            link, self._current, self._link = self._current, None, None
             self._cond.notify_all()
         if link is not None:
             link.shutdown()
@@ -358,6 +360,11 @@ class Channel:
         return link, snapshot
 
     def _resend(self, link: _Link, snapshot: tuple[int, list[int]]) -> None:
+        with self._cond:
+            closed = self._closed
+        if closed:
+            link.abort()
+            return
         with self._cond:
             self._known = ConsumedSet(*snapshot)
             first = self._resume is None
