@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "p2pgen.agent.cli",   # join, show, history
     "p2pgen.sim.cli",
     "p2pgen.bench.cli",
+    "p2pgen.chaos.cli",
 )
 
 

@@ -21,7 +21,8 @@ Names of the semantic failures (a run may have several; `failures` lists them by
 - `divergent state`: live members end with different states, or with a state that is no serial
   history (also what remains when no other cause is found for an illegal application).
 An illegal application whose state before was already not serial is a consequence, not a new cause.
-`stale completion visible` is named when a contribution of an older generation reaches a collective.
+Not named yet: `stale completion visible` needs the delayed-stale-frame fault, which the benchmark does
+not inject yet (the transport's stamp check is covered by tests/transport instead).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from typing import Any
 
 from p2pgen.chaos.model import reference_digests
 
-DUPLICATED, CONFUSION, LOST, DIVERGENT, STALE = ("duplicated step", "incarnation confusion", "lost committed step",
-                                                 "divergent state", "stale completion visible")
+DUPLICATED, CONFUSION, LOST, DIVERGENT = ("duplicated step", "incarnation confusion", "lost committed step",
+                                          "divergent state")
 
 
 @dataclass
@@ -102,11 +103,8 @@ def _check_applications(events: list[dict[str, Any]], ref: list[str], found: _Fi
             continue                                    # legal, or a consequence of an earlier cause
         who = f"{a['peer']}#{a['incarnation']} applying step {a['revision']} in g{a['generation']}"
         group = contributions[(a["generation"], a["attempt"])]
-        stale = [c for c in group if c["generation"] != a["generation"]]
         revisions = sorted({c["revision"] for c in group})
-        if stale:
-            found.add(STALE, f"{who} summed a contribution of g{stale[0]['generation']}")
-        elif len(revisions) > 1:
+        if len(revisions) > 1:
             behind = [c for c in group if c["revision"] < revisions[-1]]
             confused = [c for c in behind if origin.get((c["peer"], c["incarnation"]), {}).get("source") == "snapshot"]
             members = ", ".join(f"{c['peer']}#{c['incarnation']}@r{c['revision']}" for c in group)

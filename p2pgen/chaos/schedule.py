@@ -69,6 +69,18 @@ class Schedule:
         return cls(d["seed"], d["index"], d["members"], d["steps"], tuple(Injection(**i) for i in d["injections"]))
 
 
+def smoke() -> list[Schedule]:
+    """The CI schedules: fixed, short, and aimed where a policy without a frontier must fail (a member
+    killed between its all-reduce and its commit, or mid-optimizer, comes back one step behind; a joiner
+    comes with no state), while certified recovery must pass."""
+    return [
+        Schedule(0, 0, MEMBERS, 14, (Injection("kill_app", "after_allreduce", "p1", 4),
+                                     Injection("kill_app", "mid_allreduce", "p2", 8, frame=4))),
+        Schedule(0, 1, MEMBERS, 14, (Injection("kill_agent", "mid_optimizer", "p3", 4),
+                                     Injection("join", "before_allreduce", "p0", 8))),
+    ]
+
+
 def generate(seed: int, count: int, injections: int = 4) -> list[Schedule]:
     return [_one(seed, i, injections) for i in range(count)]
 

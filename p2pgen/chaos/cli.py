@@ -1,0 +1,76 @@
+"""`p2pgen chaos`: run seeded fault schedules under the recovery policies and print the table.
+
+Owns: argument parsing, the loop over (schedule, policy), progress lines on stderr, the table or
+`--json`, and the run directories (kept with `--keep`, else removed). Exit code 1 when the `certified`
+policy has a semantic failure (that is a p2pgen bug), else 0: the other policies are expected to fail.
+`--smoke` is the CI run (`schedule.smoke()`: 2 fixed short schedules, certified and comm-only); the full
+matrix is the documented command in README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chaos", help="the membership-transition counterexample benchmark",
+                       description="Inject faults at named step and transition boundaries into an exact "
+                                   "mini-training on real agents; judge every run against the serial history.")
+    p.add_argument("--policy", action="append", choices=("certified", "comm-only", "restart-all"),
+                   help="policy to run (repeatable; default: all three)")
+    p.add_argument("--schedules", type=int, default=40, help="schedules per policy (default 40)")
+    p.add_argument("--injections", type=int, default=4, help="injections per schedule (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="schedule seed: the same seed replays the same faults")
+    p.add_argument("--first", type=int, default=0, help="index of the first schedule (to split a matrix)")
+    p.add_argument("--smoke", action="store_true", help="CI: 2 fixed short schedules, certified and comm-only")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as stalled")
+    p.add_argument("--json", action="store_true", help="the summary and every run's verdict as JSON")
+    p.add_argument("--keep", metavar="DIR", help="keep the run directories (logs) under DIR")
+    p.set_defaults(func=cmd_chaos)
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from p2pgen.chaos import checker, report, runner, schedule
+
+    policies = args.policy or (["certified", "comm-only"] if args.smoke else ["certified", "comm-only", "restart-all"])
+    schedules = schedule.smoke() if args.smoke else \
+        schedule.generate(args.seed, args.first + args.schedules, args.injections)[args.first:]
+    count, per = len(schedules), max(len(s.injections) for s in schedules)
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="p2pgen-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+    config = runner.RunConfig(timeout=args.timeout)
+    verdicts: dict[str, list[checker.Verdict]] = {p: [] for p in policies}
+    runs: list[dict[str, Any]] = []
+    try:
+        for s in schedules:
+            for policy in policies:
+                started = time.monotonic()
+                result = runner.run(s, policy, root / f"{policy}-{s.index:04d}", config)
+                verdict = checker.check(result.events, result.history, s.steps, result.stalled)
+                verdicts[policy].append(verdict)
+                runs.append({"policy": policy, "schedule": s.to_json(), "harness": result.harness,
+                             **verdict.to_json()})
+                print(f"[{policy} #{s.index}] {'pass' if verdict.passed else 'FAIL'} "
+                      f"{', '.join(verdict.failures) or ('stalled' if verdict.stalled else '')} "
+                      f"({verdict.injections} injections, {time.monotonic() - started:.1f} s)",
+                      file=sys.stderr, flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    rows = [report.summarize(p, verdicts[p]) for p in policies]
+    if args.json:
+        print(json.dumps({"seed": args.seed, "first": args.first, "schedules": count, "injections_per_schedule": per,
+                          "summary": rows, "runs": runs}, indent=1))
+    else:
+        print(f"p2pgen chaos --seed {args.seed}: {count} schedule(s) x {len(policies)} policies, "
+              f"{per} injection(s) each\n")
+        print(report.table(rows))
+    certified = verdicts.get("certified", [])
+    return 1 if any(v.failures for v in certified) else 0
