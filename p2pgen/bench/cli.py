@@ -13,6 +13,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     _add_allreduce(sub)
     _add_recovery(sub)
+    _add_channel(sub)
 
 
 def _add_allreduce(sub: argparse._SubParsersAction) -> None:
@@ -58,3 +59,29 @@ def _run_recovery(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.detect_timeout <= 0:
         raise SystemExit("p2pgen bench recovery: --trials must be >= 1 and --detect-timeout > 0")
     return recovery.main(args.trials, args.detect_timeout, args.json, args.out)
+
+
+def _add_channel(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("channel", help="exactly-once channels: losses and duplicates under faults (naive, "
+                                       "batched, exactly_once) and the fault-free cost of dedup")
+    p.add_argument("--injections", type=int, default=36,
+                   help="faults injected per (fault, size, mode) cell (default 36: 216 per mode)")
+    p.add_argument("--repeats", type=int, default=7, help="interleaved fault-free throughput runs (default 7)")
+    p.add_argument("--sizes", nargs="+", type=int, default=[16, 65536],
+                   help="message sizes in bytes, multiples of 8, at least 16 (default: 16 65536)")
+    p.add_argument("--faults", nargs="+", default=["F1", "F2", "F3"], choices=["F1", "F2", "F3"],
+                   help="F1 receiver SIGKILL + restart, F2 sender self-abort, F3 receiver SIGSTOP 100-800 ms")
+    p.add_argument("--window", type=int, default=32, help="sender window (default 32)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.set_defaults(func=_run_channel)
+
+
+def _run_channel(args: argparse.Namespace) -> int:
+    from p2pgen.bench import channel
+
+    if args.injections < 0 or args.repeats < 0 or args.window < 16:
+        raise SystemExit("p2pgen bench channel: --injections and --repeats must be >= 0, --window >= 16")
+    if any(s < 16 or s % 8 for s in args.sizes):
+        raise SystemExit("p2pgen bench channel: --sizes must be multiples of 8, at least 16")
+    return channel.main(args.injections, args.repeats, args.sizes, args.faults, args.window, args.json, args.out)
