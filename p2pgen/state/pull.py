@@ -331,10 +331,11 @@ class _Pull:
             buf = self.plan.staging.get(t)
             if buf is None:
                 n = self.plan.manifest.entries[t].nbytes
-                fits = [b for b in self.plan.pool if len(b) >= n]
-                base = min(fits, key=len) if fits else np.empty(n, np.uint8)
-                if fits:
-                    self.plan.pool.remove(base)
+                fits = [i for i, b in enumerate(self.plan.pool) if len(b) >= n]
+                if fits:   # by index: list.remove would compare arrays elementwise
+                    base = self.plan.pool.pop(min(fits, key=lambda i: len(self.plan.pool[i])))
+                else:
+                    base = np.empty(n, np.uint8)
                 buf = self.plan.staging[t] = base[:n]
             return buf
 
