@@ -44,21 +44,35 @@ def _run_allreduce(args: argparse.Namespace) -> int:
 
 
 def _add_recovery(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("recovery", help="time from a fault (app SIGKILL/SIGSTOP, leader agent kill) or a join "
-                                        "to the next active generation, on real agent processes")
-    p.add_argument("--trials", type=int, default=10, help="trials per fault kind (default 10)")
+    p = sub.add_parser("recovery", help="fault and join recovery on real agent processes (membership, step loop vs "
+                                        "restart-all), catch-up vs raw TCP, per-step overhead")
+    p.add_argument("--trials", type=int, help="membership trials per fault kind (default 5; --quick: 1)")
+    p.add_argument("--steploop-trials", type=int, help="step-loop trials of the three faults, per policy and round "
+                                                       "(default 2 x 2 rounds; --quick: 1 x 1 round)")
+    p.add_argument("--checkpoint-every", type=int, help="restart-all: steps between checkpoints (default 50)")
     p.add_argument("--detect-timeout", type=float, default=1.0, help="agents' fixed detection timeout (default 1.0 s)")
+    p.add_argument("--quick", action="store_true", help="a short run of every section (about a minute)")
+    p.add_argument("--only", action="append", metavar="SECTION",
+                   choices=("membership", "steploop", "catchup", "overhead"),
+                   help="run only this section (repeatable): membership, steploop, catchup, overhead")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")
     p.add_argument("--out", help="also write the JSON to this file")
     p.set_defaults(func=_run_recovery)
 
 
 def _run_recovery(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from p2pgen.bench import recovery
 
-    if args.trials < 1 or args.detect_timeout <= 0:
-        raise SystemExit("p2pgen bench recovery: --trials must be >= 1 and --detect-timeout > 0")
-    return recovery.main(args.trials, args.detect_timeout, args.json, args.out)
+    given = {"trials": args.trials, "steploop_trials": args.steploop_trials, "checkpoint_every": args.checkpoint_every}
+    if any(v is not None and v < 1 for v in given.values()) or args.detect_timeout <= 0:
+        raise SystemExit("p2pgen bench recovery: --trials, --steploop-trials and --checkpoint-every must be >= 1, "
+                         "--detect-timeout > 0")
+    plan = recovery.Plan.quick() if args.quick else recovery.Plan()
+    plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
+    sections = tuple(s for s in recovery.SECTIONS if not args.only or s in args.only)
+    return recovery.main(plan, args.detect_timeout, sections, args.json, args.out)
 
 
 def _add_channel(sub: argparse._SubParsersAction) -> None:
