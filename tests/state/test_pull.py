@@ -227,7 +227,7 @@ def test_malformed_and_oversized_requests_are_refused_and_counted(servers):
 def test_staging_buffers_of_many_sizes_are_reused_without_mixing_them_up(servers):
     """Installed tensors' staging buffers go back to a pool; a later tensor takes the smallest that fits
     (found by index: arrays of other shapes in the pool must not be compared with it)."""
-    sizes = {"a": 1 << 16, "b": 1 << 12, "c": 1 << 14, "d": 1 << 10, "e": 1 << 13, "f": 1 << 11}
+    sizes = {"a": 1 << 8, "b": 1 << 14, "c": 1 << 11, "d": 1 << 12, "e": 1 << 9}   # small, large, then between
     src = SharedState(tensors={n: np.arange(k, dtype=np.float32) * (i + 1) for i, (n, k) in enumerate(sizes.items())})
     dst = SharedState(tensors={n: np.zeros(k, dtype=np.float32) for n, k in sizes.items()})
     s = Serving(servers(src, ("p0", 1)))
