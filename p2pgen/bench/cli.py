@@ -46,9 +46,9 @@ def _run_allreduce(args: argparse.Namespace) -> int:
 def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recovery", help="fault and join recovery on real agent processes (membership, step loop vs "
                                         "restart-all), catch-up vs raw TCP, per-step overhead")
-    p.add_argument("--trials", type=int, help="membership trials per fault kind (default 5; --quick: 1)")
+    p.add_argument("--trials", type=int, help="membership trials per fault kind (default 4; --quick: 1)")
     p.add_argument("--steploop-trials", type=int, help="step-loop trials of the three faults, per policy and round "
-                                                       "(default 2 x 2 rounds; --quick: 1 x 1 round)")
+                                                       "(default 1 x 2 rounds; --quick: 1 x 1 round)")
     p.add_argument("--checkpoint-every", type=int, help="restart-all: steps between checkpoints (default 50)")
     p.add_argument("--detect-timeout", type=float, default=1.0, help="agents' fixed detection timeout (default 1.0 s)")
     p.add_argument("--quick", action="store_true", help="a short run of every section (about a minute)")

@@ -43,9 +43,9 @@ CATCHUP_RUNS = ((64 << 20, 1), (64 << 20, 2), (256 << 20, 1), (256 << 20, 2))
 @dataclass(frozen=True)
 class Plan:
     """How much of each section to run (`--quick` shrinks every one)."""
-    trials: int = 5                  # membership trials
+    trials: int = 4                  # membership trials
     steploop_rounds: int = 2         # rounds; each runs both policies (order alternates) ...
-    steploop_trials: int = 2         # ... with this many trials of the three faults each
+    steploop_trials: int = 1         # ... with this many trials of the three faults each
     step_delay: float = 0.02
     checkpoint_every: int = 50
     catchup: tuple[tuple[int, int], ...] = CATCHUP_RUNS
