@@ -361,3 +361,44 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.002)
     return predicate()
+
+
+class FakeNcclGroup:
+    """`world` nccl backends of one generation on one FakeNccl, each member on its own thread in `run`."""
+
+    def __init__(self, world: int, generation: int = 1, fake: FakeNccl | None = None, **backend_kw: Any) -> None:
+        from p2pgen.collectives.nccl import NcclBackend, new_comm_id
+
+        self.fake = fake or FakeNccl()
+        comm_id = new_comm_id(self.fake)
+        self.backends = [NcclBackend(comm_id, r, world, generation, nccl=self.fake, device=self.fake.device(),
+                                     cupy_major=self.fake.cupy_major, **backend_kw) for r in range(world)]
+
+    def run(self, fn: Callable[[Any], Any], timeout: float = 30.0) -> list[Any]:
+        """fn(backend) on every member concurrently; results in rank order, or the first member's error."""
+        results: list[Any] = [None] * len(self.backends)
+        errors: list[BaseException | None] = [None] * len(self.backends)
+
+        def body(i: int) -> None:
+            try:
+                results[i] = fn(self.backends[i])
+            except BaseException as e:   # reported to the caller below
+                errors[i] = e
+
+        threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(self.backends))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        if any(t.is_alive() for t in threads):
+            self.close()
+            raise TimeoutError(f"members still running after {timeout}s (aborted them)")
+        for e in errors:
+            if e is not None:
+                raise e
+        return results
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+        self.fake.stop()
