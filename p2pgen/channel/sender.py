@@ -187,11 +187,12 @@ class Channel:
             if (generation, remote) == (old_gen, old_remote):
                 return
             self._target = (generation, remote)
-            self._want = f"generation {generation}"
-            stale, self._link = self._current, None
+            live, self._link = self._link, None
+            if live is not None:               # otherwise a reconnect is under way: it dials the new target
+                self._want = f"generation {generation}"
             self._cond.notify_all()
-        if stale is not None:
-            stale.shutdown()
+        if live is not None:
+            live.shutdown()
         with self._cond:
             if not self._cond.wait_for(lambda: self._failed or self._closed or (
                     self._link is not None and self._link.generation >= generation), self.config.connect_timeout):
@@ -306,18 +307,25 @@ class Channel:
 
     # ---- recovery ------------------------------------------------------------------------------
     def _supervise(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._want is not None or self._closed)
-                if self._closed:
-                    return
-                self._want, old, self._current = None, self._current, None
-            if old is not None:
-                old.abort()
-            link, snapshot = self._connect()
-            if link is None:
-                return
-            self._resend(link, snapshot)
+        while self._await_fault():
+            while not self._reconnect():
+                pass
+
+    def _await_fault(self) -> bool:
+        """Wait for a reason to reconnect, then abort the current link; False once closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._want is not None or self._closed)
+            if self._closed:
+                return False
+            self._want, old, self._current = None, self._current, None
+        if old is not None:
+            old.abort()
+        return True
+
+    def _reconnect(self) -> bool:
+        """Dial, read the log, resend; False if the target moved meanwhile (dial again)."""
+        link, snapshot = self._connect()
+        return link is None or self._resend(link, snapshot)
 
     def _connect(self) -> tuple[_Link | None, tuple[int, list[int]]]:
         """Dial the newest target until it answers; (None, ...) if closed or this incarnation is fenced."""
@@ -359,27 +367,20 @@ class Channel:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(poll), int(poll % 1 * 1e6)))
         return link, snapshot
 
-    def _resend(self, link: _Link, snapshot: tuple[int, list[int]]) -> None:
+    def _resend(self, link: _Link, snapshot: tuple[int, list[int]]) -> bool:
+        """Resend what the receiver's log lacks on `link`, then publish it. False (link aborted) if the
+        target moved or the channel closed meanwhile; True otherwise (a fault during the resend is
+        flagged and handled by the next round)."""
         with self._cond:
-            closed = self._closed
-        if closed:
-            link.abort()
-            return
-        with self._cond:
-            self._known = ConsumedSet(*snapshot)
-            first = self._resume is None
-            if first:
-                self._resume = self._next = max(self._next, snapshot[0])
-            if self.mode == EXACTLY_ONCE:
-                for seq in [s for s in self._unacked if s in self._known]:
-                    del self._unacked[seq]
-                    self._counts["completed"] += 1
-            items = sorted(self._unacked.items())
-            self._acked.clear()
-            self._current = link
-            self._progress = self._clock()
-            link.reader = threading.Thread(target=self._read_acks, args=(link,), daemon=True,
-                                           name=f"p2pgen-channel-acks-g{link.generation}")
+            moved = not self._is_target(link)
+            if not moved:
+                items, first = self._plan_resend(snapshot)
+                self._current = link
+                self._progress = self._clock()
+                link.reader = threading.Thread(target=self._read_acks, args=(link,), daemon=True,
+                                               name=f"p2pgen-channel-acks-g{link.generation}")
+        if moved:
+            return self._drop(link)
         link.reader.start()
         try:
             with link.send_lock:
@@ -387,14 +388,43 @@ class Channel:
                     link.write(seq, item)
         except OSError as e:
             self._fault(link, f"resend failed: {e!r}")
-            return
+            return True
         with self._cond:
-            if self._want is None and not self._closed:
+            if self._want is not None:
+                return True
+            moved = not self._is_target(link)
+            if moved:
+                self._current = None
+            else:
                 self._link = link
                 self._progress = self._clock()
                 self._counts["resent"] += len(items)
                 self._counts["recoveries"] += not first
                 self._cond.notify_all()
+        return self._drop(link) if moved else True
+
+    def _is_target(self, link: _Link) -> bool:
+        return not self._closed and self._target == (link.generation, link.remote)
+
+    def _drop(self, link: _Link) -> bool:
+        """Abort a link the target moved away from; True (stop dialing) if the channel closed."""
+        link.abort()
+        with self._cond:
+            return self._closed
+
+    def _plan_resend(self, snapshot: tuple[int, list[int]]) -> tuple[list[tuple[int, tuple[int, bytes]]], bool]:
+        """Under the lock: learn the receiver's log; in exactly_once mode complete what it holds. Returns
+        the messages to resend, in order, and whether this is the first link of this Channel."""
+        self._known = ConsumedSet(*snapshot)
+        first = self._resume is None
+        if first:
+            self._resume = self._next = max(self._next, snapshot[0])
+        if self.mode == EXACTLY_ONCE:
+            for seq in [s for s in self._unacked if s in self._known]:
+                del self._unacked[seq]
+                self._counts["completed"] += 1
+        self._acked.clear()
+        return sorted(self._unacked.items()), first
 
 
 def _log_snapshot(reply: dict, me: tuple[str, int], remote: Endpoint) -> tuple[int, list[int]]:
