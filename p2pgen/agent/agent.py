@@ -75,7 +75,7 @@ class AgentConfig:
     raft: RaftTiming = field(default_factory=RaftTiming)
     join_timeout: float = 30.0
     retire_wait: float = 5.0                      # max wait for the dead incarnation's generation to retire
-    attach_grace: float = 15.0                    # an application that has not attached by then gets our vote
+    attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
 
 
 class Agent:

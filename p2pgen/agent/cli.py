@@ -34,9 +34,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
                                                                  "members registered (same value on every agent)")
     join.add_argument("--join-timeout", type=float, default=30.0, help="seconds to find a live member")
-    join.add_argument("--attach-grace", type=float, default=15.0,
-                      help="seconds a COMMAND has to attach (p2pgen.join) before the agent votes for it as a "
-                           "stateless member (default 15; 0 for applications that never attach)")
+    join.add_argument("--attach-grace", type=float, default=float("inf"), metavar="S",
+                      help="seconds after which the agent votes for a COMMAND that has not attached (p2pgen.join) "
+                           "as a stateless member; default: never (the application votes itself); use 0 for "
+                           "applications that do not use p2pgen")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
     join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 4)")
     join.add_argument("--chaos", type=float, metavar="S", help="--local: inject a fault every S seconds on average "
