@@ -38,7 +38,7 @@ from p2pgen.channel.config import EXACTLY_ONCE, ChannelConfig, check_mode
 from p2pgen.channel.log import ConsumptionLog, LogBusy, channel_path
 from p2pgen.channel.wire import ACK, ARRAY, DATA, LOG, OPEN, Rejected, Slot, Stamp, decode_array, \
     parse_header, read_exact, recv_control, send_control, write_frame
-from p2pgen.errors import P2PGenError, PeerLost, ProtocolError
+from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.transport import frame, handshake
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,6 @@ import pytest
 from p2pgen.channel import ChannelConfig, scan
 from p2pgen.errors import Evicted, PeerLost, ProtocolError
 
-from tests.channel.conftest import FAST, SECRET
-
 
 def _take(rx, n: int, timeout: float = 5.0) -> list[int]:
     seqs = []
