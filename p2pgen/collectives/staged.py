@@ -61,6 +61,14 @@ class HostStagedBackend:
     def op_seq(self) -> int:
         return self.inner.op_seq
 
+    @property
+    def failed(self) -> str | None:
+        """Why the inner backend is unusable, or None (tcp: the error its session was retired with)."""
+        error = getattr(self.inner, "failed", None)
+        if error is None and hasattr(self.inner, "session"):
+            error = self.inner.session._error
+        return None if error is None else str(error)
+
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         return self._run(lambda b: self.inner.all_reduce(b, op), buf)
 

@@ -73,4 +73,5 @@ def test_a_failed_collective_leaves_the_device_buffer_untouched():
         t.join(5)
         assert isinstance(box.get("error"), GenerationChanged)
         assert np.all(buf.mem == 5.0)
+        assert "generation 2 proposed" in backends[0].failed and backends[1].failed is None
         backends[1].abort("done")
