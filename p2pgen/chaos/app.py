@@ -6,6 +6,9 @@ came from (`start`), every activation (`activate`), every contribution to a step
 (`contribute`, written *before* the collective so that a member killed inside it is still accounted
 for), every applied step with its digests before and after (`apply`), every fault it fired (`inject`)
 and its final state (`final`). Lines are written unbuffered, so a SIGKILL loses none that was written.
+A process stops at revision >= steps only once the harness wrote RUN_DIR/finish (every replaced or
+joining peer is back in the active generation); until then it keeps training past `steps`, so that no
+fault's consequences are cut off by the end of the run.
 
 Injection points inside one step of revision r (schedule.STEP_POINTS, in this order):
     before_allreduce -> [all-reduce bucket 0: mid_allreduce after sending frame k] -> between_buckets
@@ -131,8 +134,8 @@ def _count_frames(injector: Injector) -> None:
     base = tcp._Pipe
 
     class CountingPipe(base):  # type: ignore[misc, valid-type]
-        def send(self, arr: np.ndarray) -> None:
-            super().send(arr)
+        def send(self, arr: np.ndarray, *rest: Any) -> None:     # the private signature may grow: pass it on
+            super().send(arr, *rest)
             if self.kind == FrameKind.COLLECTIVE:
                 injector.on_frame(self.seq, self.sent)
     tcp._Pipe = CountingPipe
@@ -200,7 +203,7 @@ def main(run_dir: str) -> int:
     attempts: dict[int, int] = {}
     try:
         for step in peer.steps():
-            if state.revision >= config["steps"]:
+            if state.revision >= config["steps"] and os.path.exists(os.path.join(run_dir, "finish")):
                 break
             attempt = attempts[step.generation] = attempts.get(step.generation, -1) + 1
             with step:

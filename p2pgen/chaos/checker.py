@@ -73,7 +73,7 @@ class _Findings:
 
 def check(events: list[dict[str, Any]], history: list[dict[str, Any]], steps: int, stalled: bool = False) -> Verdict:
     events = sorted(events, key=lambda e: e["t"])
-    ref = reference_digests(steps + 2)
+    ref = reference_digests(max([steps] + [e["revision"] for e in events if "revision" in e]) + 2)
     found = _Findings()
     _check_applications(events, ref, found)
     _check_membership(events, history, found)
@@ -81,7 +81,7 @@ def check(events: list[dict[str, Any]], history: list[dict[str, Any]], steps: in
     finals = _check_finals(events, ref, found, stalled)
     latencies, rollbacks = _recovery(events, ref)
     return Verdict(found.names, found.evidence, sum(e["event"] == "inject" for e in events), latencies, rollbacks,
-                   _throughput(events, steps), finals, stalled)
+                   _throughput(events), finals, stalled)
 
 
 def _by_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -182,12 +182,13 @@ def _recovery(events: list[dict[str, Any]], ref: list[str]) -> tuple[list[float]
     return latencies, rollbacks
 
 
-def _throughput(events: list[dict[str, Any]], steps: int) -> float | None:
+def _throughput(events: list[dict[str, Any]]) -> float | None:
+    """Final revision over the time from the first applied step to the last member's end."""
     applies, finals = _by_kind(events, "apply"), _by_kind(events, "final")
     if not applies or not finals:
         return None
     span = max(f["t"] for f in finals) - applies[0]["t"]
-    return steps / span if span > 0 else None
+    return max(f["revision"] for f in finals) / span if span > 0 else None
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -25,7 +25,7 @@ from p2pgen.chaos.schedule import Schedule
 from p2pgen.errors import P2PGenError
 from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
 
-REPLACE_AFTER_S = 0.3
+REPLACE_AFTER_S = 1.0
 POLL_S = 0.05
 HISTORY_EVERY_S = 0.5
 DETECT = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
@@ -82,7 +82,7 @@ def read_events(log_dir: Path) -> list[dict[str, Any]]:
 
 class _Harness:
     def __init__(self, schedule: Schedule, policy: str, run_dir: Path) -> None:
-        self.run_dir = run_dir
+        self.run_dir, self.steps = run_dir, schedule.steps
         joins = sum(1 for i in schedule.injections if i.kind == "join")
         self.free = [f"127.0.0.1:{p}" for p in free_control_ports(schedule.members + joins)]
         self.cluster = Cluster(run_dir, job=f"chaos-{policy}-{schedule.index}", detect=DETECT)
@@ -111,11 +111,34 @@ class _Harness:
             self._poll_history()
             self._serve_joins()
             self._replace_killed_agents()
+            self._allow_finish_when_settled()
             if not self.replacing and not any(a.alive() for a in self.cluster.agents.values()):
                 return True
             time.sleep(POLL_S)
         self.notes.append(f"stalled: not finished within {timeout:.0f} s")
         return False
+
+    def _allow_finish_when_settled(self) -> None:
+        """Write RUN_DIR/finish once some member reached the schedule's last step and every live agent's
+        newest application is in the newest generation."""
+        finish = self.run_dir / "finish"
+        if finish.exists() or self.replacing or any((self.run_dir / "requests").iterdir()):
+            return
+        live = {a.peer_id for a in self.cluster.agents.values() if a.alive()}
+        newest: dict[str, int] = {}
+        generation, members, revision = 0, set(), 0
+        for path in (self.run_dir / "logs").glob("*.jsonl"):
+            peer, inc = path.stem.rsplit("-", 1)
+            newest[peer] = max(newest.get(peer, 0), int(inc))
+            for line in path.read_text().splitlines():
+                if '"apply"' in line and line.endswith("}"):
+                    revision = max(revision, json.loads(line)["revision"] + 1)
+                elif '"activate"' in line and line.endswith("}"):
+                    e = json.loads(line)
+                    if e["generation"] > generation:
+                        generation, members = e["generation"], {tuple(m) for m in e["members"]}
+        if revision >= self.steps and live and live <= set(newest) and {(p, newest[p]) for p in live} <= members:
+            finish.touch()
 
     def _live_addrs(self) -> list[str]:
         return [a.addr for a in self.cluster.agents.values() if a.alive()]
