@@ -43,7 +43,8 @@ import numpy as np
 from p2pgen.agent.client import AgentClient
 from p2pgen.agent.rpc import split_addr
 from p2pgen.auth import load_secret
-from p2pgen.collectives import TcpBackend
+from p2pgen.collectives import Backend
+from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
 from p2pgen.core import Frontier, Ready, Reform, Synced
 from p2pgen.errors import Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.state import SharedState, Source, StateServer, pull_state
@@ -74,7 +75,7 @@ class Trace:
 class Step:
     """One training step of one generation. Use as a context manager (see the module docstring)."""
 
-    def __init__(self, peer: "Peer", backend: TcpBackend) -> None:
+    def __init__(self, peer: "Peer", backend: Backend) -> None:
         self.peer, self._backend = peer, backend
         self.generation, self.rank, self.world = backend.generation, backend.rank, backend.world
         self.revision = peer.state.revision           # the revision this step will commit as revision + 1
@@ -147,8 +148,9 @@ class Peer:
 
     def __init__(self, job: str, state: SharedState, agent_addr: str, peer_id: str, incarnation: int,
                  secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
-                 reform_after: float = 1.5) -> None:
+                 reform_after: float = 1.5, backend: str = "tcp") -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
+        self.backend_kind = check_kind(backend)
         self.identity = (peer_id, incarnation)
         self.secret = secret
         self.reform_after = reform_after
@@ -162,7 +164,7 @@ class Peer:
         self.state_server = StateServer(state, job=job, secret=secret, me=self.identity, authorize=self._authorize,
                                         host=shost, port=sport)
         self._serving = contextlib.ExitStack()      # open while quiesced between generations
-        self.backend: TcpBackend | None = None
+        self.backend: Backend | None = None
         self.current_step: Step | None = None      # the step last yielded by steps() (read by p2pgen.torch)
         self.certificate: dict[str, Any] | None = None
         self._switch_to: int | None = None
@@ -278,8 +280,9 @@ class Peer:
         self._serving.close()
         self._serving.enter_context(self.state_server.serving(generation))   # frozen until the next step
         digest = self.state.digest()
+        comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
         outcome = self.agent.submit(Ready(generation, self.peer_id, self.incarnation, quiescence,
-                                          self.state.revision, digest, seq, at=time.time()))
+                                          self.state.revision, digest, seq, comm_id=comm_id, at=time.time()))
         self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
                           quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"])
 
@@ -322,7 +325,7 @@ class Peer:
         self._serving.close()
         self.trace.record("active", generation=cert["generation"], rank=rank, world=len(endpoints),
                           revision=self.state.revision, frontier=cert["frontier"], raft_index=cert["raft_index"])
-        self.backend = TcpBackend(self.transport, group)
+        self.backend = backend_factory(self.backend_kind, cert, self.transport, group)
         self.stats["generations"] += 1
         try:
             self.backend.connect()
@@ -337,7 +340,7 @@ class Peer:
             self.trace.record("reform", generation=active["generation"], ok=outcome["ok"], reason=why)
 
     def _backend_dead(self) -> bool:
-        return self.backend is not None and self.backend.session._error is not None
+        return self.backend is not None and self.backend.failed is not None
 
     # --- watching the agent --------------------------------------------------------------------------
 
@@ -391,6 +394,7 @@ class Peer:
 def join(job: str | None = None, state: SharedState | None = None, *, trace: str | None = None) -> Peer:
     """Join the job this process was started for by `p2pgen join ... -- COMMAND` (reads its environment).
 
+    The backend is `$P2PGEN_BACKEND` (`tcp`, the default, or `nccl`; the same on every member).
     `trace`: a JSON-lines file recording every ready/pull/synced/active/collective/commit of this peer
     (default: `$P2PGEN_TRACE_DIR/<peer>-<incarnation>.jsonl` when that variable is set).
     """
@@ -409,4 +413,5 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     if trace is None and env.get("P2PGEN_TRACE_DIR"):
         trace = os.path.join(env["P2PGEN_TRACE_DIR"], f"{peer_id.replace('/', '_')}-{incarnation}.jsonl")
     return Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
-                secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace)
+                secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace,
+                backend=env.get("P2PGEN_BACKEND", "tcp"))
