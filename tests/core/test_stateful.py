@@ -286,6 +286,15 @@ class GenerationProtocol(RuleBasedStateMachine):
             choices += [member.incarnation] * 3
         return data.draw(st.sampled_from(choices))
 
+    def draw_voter(self, data, peer: str) -> str:
+        """Mostly a proposed member that has something left to do (a vote, or a pull), else `peer`."""
+        p = self.m.pending
+        if p is None or not data.draw(st.integers(0, 3)):
+            return peer
+        busy = [m.peer_id for m in p.members if m.peer_id not in p.votes] or \
+               [x.peer_id for x in (p.election.pulls if p.election else ()) if x.peer_id not in p.synced]
+        return data.draw(st.sampled_from(busy or [m.peer_id for m in p.members]))
+
     def draw_vote_values(self, data, behind: bool = False) -> tuple[int, str]:
         """A revision near the certified frontier (below it when `behind`) and a digest: usually the
         one every holder of that revision has, sometimes another (a divergence) or an empty one."""
@@ -346,6 +355,7 @@ class GenerationProtocol(RuleBasedStateMachine):
 
     @rule(peer=st.sampled_from(PEERS), data=st.data())
     def ready(self, peer, data):
+        peer = self.draw_voter(data, peer)
         inc = self.draw_incarnation(data, peer)
         generation = self.draw_generation(data)
         revision, digest = self.draw_vote_values(data)
@@ -383,11 +393,12 @@ class GenerationProtocol(RuleBasedStateMachine):
 
     @rule(peer=st.sampled_from(PEERS), data=st.data())
     def synced(self, peer, data):
+        peer = self.draw_voter(data, peer)
         inc = self.draw_incarnation(data, peer)
         generation = self.draw_generation(data)
         p = self.m.pending
         frontier = p.election.frontier.digest if p is not None and p.election else "h0"
-        digest = data.draw(st.sampled_from((frontier, frontier, "wrong")))
+        digest = data.draw(st.sampled_from((frontier, "wrong")))
         proposed = p is not None and p.generation == generation and p.member(peer) is not None \
             and p.member(peer).incarnation == inc
         outcome = self.send(Synced(generation, peer, inc, digest))
@@ -505,7 +516,7 @@ TestGenerationProtocol = GenerationProtocol.TestCase
 TestGenerationProtocol.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.filter_too_much])
-TestGenerationProtocol = pytest.mark.timeout(90)(TestGenerationProtocol)
+TestGenerationProtocol = pytest.mark.timeout(120)(TestGenerationProtocol)   # ~10 s of CPU; wall time on a loaded box
 
 
 # --- frontier election against the naive reference ---------------------------------------------------
@@ -521,8 +532,8 @@ def election_inputs(draw):
     return members, votes, last
 
 
-@pytest.mark.timeout(60)
-@settings(max_examples=400, deadline=None)
+@pytest.mark.timeout(120)
+@settings(max_examples=300, deadline=None)
 @given(election_inputs())
 def test_elect_frontier_matches_naive(inputs):
     members, votes, last = inputs
