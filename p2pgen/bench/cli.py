@@ -49,7 +49,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, help="membership trials per fault kind (default 4; --quick: 1)")
     p.add_argument("--steploop-trials", type=int, help="step-loop trials of the three faults, per policy and round "
                                                        "(default 1 x 2 rounds; --quick: 1 x 1 round)")
-    p.add_argument("--checkpoint-every", type=int, help="restart-all: steps between checkpoints (default 50)")
+    p.add_argument("--checkpoint-every", type=int,
+                   help="restart-all: steps between checkpoints (default 20); faults land mid-interval")
     p.add_argument("--detect-timeout", type=float, default=1.0, help="agents' fixed detection timeout (default 1.0 s)")
     p.add_argument("--quick", action="store_true", help="a short run of every section (about a minute)")
     p.add_argument("--only", action="append", metavar="SECTION",

@@ -47,7 +47,7 @@ class Plan:
     steploop_rounds: int = 2         # rounds; each runs both policies (order alternates) ...
     steploop_trials: int = 1         # ... with this many trials of the three faults each
     step_delay: float = 0.02
-    checkpoint_every: int = 50
+    checkpoint_every: int = 20
     catchup: tuple[tuple[int, int], ...] = CATCHUP_RUNS
     overhead_steps: int = 200        # steps per block
     overhead_blocks: int = 6
@@ -207,13 +207,15 @@ def _commits(events: Events) -> Events:
 
 def _past(t0: float, revision: int, peers: list[str]) -> Callable[[Events], bool]:
     """Every one of `peers` committed a revision above `revision` after t0."""
-    return lambda events: set(peers) <= {e["peer"] for e in _commits(events) if e["t"] > t0 and e["revision"] > revision}
+    return lambda events: set(peers) <= {e["peer"] for e in _commits(events)
+                                         if e["t"] > t0 and e["revision"] > revision}
 
 
 def _training(after: float, world: int) -> Callable[[Events], bool]:
     """A generation of `world` members, first trained in after `after`, where each committed SETTLE_COMMITS steps."""
     def holds(events: Events) -> bool:
-        full = {e["generation"] for e in events if e["event"] == "certificate" and e["world"] == world and e["t"] > after}
+        full = {e["generation"] for e in events
+                if e["event"] == "certificate" and e["world"] == world and e["t"] > after}
         counts = Counter((e["generation"], e["peer"]) for e in _commits(events) if e["generation"] in full)
         return any(sum(counts[(g, p)] >= SETTLE_COMMITS for p in PEERS) == world for g in full)
     return holds
@@ -237,8 +239,14 @@ def _inject(cluster: Cluster, kind: str, trial: int) -> tuple[str, float]:
 
 
 def _one_fault(cluster: Cluster, tail: TraceTail, command: list[str], addrs: list[str], policy: str, kind: str,
-               trial: int) -> Fault:
-    """Inject, wait until the survivors are past the pre-fault revision, restore 3 members, wait until they train."""
+               trial: int, checkpoint_every: int) -> Fault:
+    """Wait for mid-interval between two checkpoints (the mean rollback of a fault at a random time), inject, wait
+    until the survivors are past the pre-fault revision, restore 3 members, wait until they train."""
+    now = max(e["revision"] for e in _commits(tail.refresh()))
+    half = checkpoint_every // 2
+    target = now + (half - now) % checkpoint_every
+    tail.wait(lambda events: max(e["revision"] for e in _commits(events)) >= target, 90,
+              f"{policy}: revision {target} before {kind}", cluster)
     victim, t0 = _inject(cluster, kind, trial)
     revision = max(e["revision"] for e in _commits(tail.refresh()) if e["t"] <= t0)
     survivors = [p for p in PEERS if p != victim]
@@ -286,7 +294,8 @@ def run_steploop_block(policy: str, trials: int, first_trial: int, plan: Plan, d
                           extra=("--min-members=3", "--max-restarts=1000"))
         tail.wait(_training(0.0, len(PEERS)), 120, f"{policy}: training with 3 members", cluster)
         for trial in range(first_trial, first_trial + trials):
-            faults.extend(_one_fault(cluster, tail, command, addrs, policy, kind, trial) for kind in FAULTS)
+            faults.extend(_one_fault(cluster, tail, command, addrs, policy, kind, trial, plan.checkpoint_every)
+                          for kind in FAULTS)
     finally:
         cluster.stop_all()
     events = tail.refresh()
@@ -333,7 +342,8 @@ def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float) 
     return "\n".join([
         f"step-loop recovery: 3 members train a numpy model (4 MiB of state, {plan.step_delay * 1000:.0f} ms step "
         f"delay); restart-all = every application restarts and reloads the checkpoint rank 0 writes every "
-        f"{plan.checkpoint_every} steps; ratio = restart-all / p2pgen",
+        f"{plan.checkpoint_every} steps; both policies are faulted mid-interval "
+        f"({plan.checkpoint_every // 2} steps after a checkpoint); ratio = restart-all / p2pgen",
         *_table(rows),
         f"kill_agent kills the Raft leader's agent (its application dies with it); detector: fixed {detect_timeout} s; "
         "p99 of n samples is the max when n < 100"])

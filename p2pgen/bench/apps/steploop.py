@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--policy", choices=("p2pgen", "restart-all"), required=True)
     parser.add_argument("--trace-dir", type=Path, required=True)
     parser.add_argument("--checkpoint", type=Path, required=True, help="restart-all: the checkpoint file")
-    parser.add_argument("--checkpoint-every", type=int, default=50, help="restart-all: commits between checkpoints")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="restart-all: commits between checkpoints")
     parser.add_argument("--step-delay", type=float, default=0.02, help="seconds of pretend compute per step")
     args = parser.parse_args()
     loaded = load_checkpoint(args.checkpoint) if args.policy == "restart-all" else None
