@@ -10,6 +10,8 @@
   from the initial state. This is raw communicator shrink/grow: liveness without a frontier.
 - `restart-all` (torchrun): on any membership change every application exits and its agent restarts
   it; every new process loads the last checkpoint (written by rank 0 every CHECKPOINT_EVERY commits).
+  Like torchrun's rendezvous, a new process votes only once every live agent's process registered (or
+  after RENDEZVOUS_S), so one restart wave forms one generation instead of triggering the next wave.
   Correct by construction, at the price of rolling back to the checkpoint.
 Each variant also calls the application's injection hooks at the transition points (`pending`,
 `catch_up`) and records every activation, so the checker can follow state across generations.
@@ -31,6 +33,7 @@ from p2pgen.state import SharedState
 POLICIES = ("certified", "comm-only", "restart-all")
 CHECKPOINT_EVERY = 5
 RESTART_ALL_EXIT = 75
+RENDEZVOUS_S = 5.0
 
 Hook = Callable[..., None]
 Record = Callable[..., None]
@@ -39,8 +42,8 @@ Record = Callable[..., None]
 class ChaosPeer(Peer):
     """`certified`: the p2pgen step loop, plus the transition-point hooks and activation records."""
 
-    hook: Hook = staticmethod(lambda point, revision, **kw: None)
-    record: Record = staticmethod(lambda event, **kw: None)
+    hook: Hook          # set by `join` before the first generation
+    record: Record
 
     def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
         super()._vote_ready(pending, quiescence, seq)
@@ -78,6 +81,18 @@ class RestartAllPeer(ChaosPeer):
             self.record("restart_all", generation=self.backend.generation, revision=self.state.revision)
             os._exit(RESTART_ALL_EXIT)
         super()._enter_next_generation()
+
+    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
+        """Rendezvous: vote once the proposal holds a process of every live agent (Raft node)."""
+        deadline = time.monotonic() + RENDEZVOUS_S
+        while time.monotonic() < deadline:
+            view = self._wait_view(0.1)
+            latest = view["state"]["pending"]
+            if latest is None or latest["generation"] != pending["generation"]:
+                return                             # superseded: the step loop votes for the newer proposal
+            if len(latest["members"]) >= len(view["raft"]["nodes"]):
+                break
+        super()._vote_ready(pending, quiescence, seq)
 
 
 PEER_CLASSES: dict[str, type[ChaosPeer]] = {"certified": ChaosPeer, "comm-only": CommOnlyPeer,
