@@ -4,7 +4,9 @@ Algorithms (N members, rank r, buffers cut into N near-equal chunks, chunks into
 `chunk_bytes`): reduce-scatter then all-gather around the ring for all_reduce; the reduce-scatter half for
 reduce_scatter; the all-gather half for all_gather; a pipelined chain from the root for broadcast. Each
 received frame is reduced and forwarded at once, so the sender thread streams frame k+1 while the caller
-reduces frame k.
+reduces frame k. Frames are checksummed when posted, right after the reduction wrote them (cache-hot);
+bytes forwarded verbatim (all-gather, broadcast) carry the digest verified on receipt instead of being
+hashed again.
 
 Invariants:
 - Bit-identical results: each chunk is reduced in one fixed ring order and finalised (AVG divides) by
@@ -167,7 +169,8 @@ class TcpBackend:
         for step in range(n - 1):
             last = step == n - 2
             for a, b in _segments(*bounds[(r - step - 2) % n], seg):
-                got = pipe.recv(scratch[:b - a])
+                got = scratch[:b - a]
+                pipe.recv(got)
                 combine(op, flat.bf16, work[a:b], src[a:b], got)
                 if last and op is ReduceOp.AVG:
                     divide(flat.bf16, work[a:b], n)
@@ -179,9 +182,9 @@ class TcpBackend:
         n, r, seg = self.world, self.rank, self._seg_elems(work.itemsize)
         for step in range(n - 1):
             for a, b in _segments(*bounds[(r - step - 1) % n], seg):
-                pipe.recv(work[a:b])
+                digest = pipe.recv(work[a:b])
                 if step < n - 2:
-                    pipe.send(work[a:b])
+                    pipe.send(work[a:b], digest)
 
     def _broadcast(self, seq: int, flat: Flat, root: int) -> None:
         n, r = self.world, self.rank
@@ -197,9 +200,9 @@ class TcpBackend:
             return
         work = self._work_for(flat)
         for a, b in segs:
-            pipe.recv(work[a:b])
+            digest = pipe.recv(work[a:b])
             if nxt is not None:
-                pipe.send(work[a:b])
+                pipe.send(work[a:b], digest)
         pipe.flush()
         np.copyto(flat.elems, work)
 
@@ -258,17 +261,18 @@ class _Pipe:
         self.sent = 0
         self.received = 0
 
-    def send(self, arr: np.ndarray) -> None:
-        self.dst.post(self.kind, self.seq, self.sent, arr.view(np.uint8), self.inline)
+    def send(self, arr: np.ndarray, digest: int | None = None) -> None:
+        self.dst.post(self.kind, self.seq, self.sent, arr.view(np.uint8), self.inline, digest)
         self.sent += 1
 
-    def recv(self, arr: np.ndarray) -> np.ndarray:
+    def recv(self, arr: np.ndarray) -> int:
+        """Fill `arr` with the next frame; returns its verified payload digest."""
         stamp = (self.kind, self.seq, self.received)
         slot = RecvSlot(memoryview(arr.view(np.uint8)))
-        self.src.recv_into(slot, *stamp)
+        digest = self.src.recv_into(slot, *stamp)
         slot.take(stamp)
         self.received += 1
-        return arr
+        return digest
 
     def flush(self) -> None:
         if self.dst is not None and not self.inline:

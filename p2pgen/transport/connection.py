@@ -1,6 +1,12 @@
 """One authenticated TCP connection of one generation: framed sends (on a sender thread) and verified
 receives (on the caller's thread).
 
+Who does what, and why: the caller's thread stamps and checksums every frame it posts and verifies every
+frame it receives, right after producing or receiving the bytes, while they are still in cache (hashing a
+cold MiB costs several times a hot one, and xxhash holds the GIL, so hashing on the sender thread would
+stall the caller). The sender thread only runs blocking `sendmsg` calls, which release the GIL, so the
+next frame streams out while the caller receives and reduces the current one.
+
 Invariants:
 - A frame is delivered only if its checksum verifies and its stamp is exactly (job, generation, the
   peer's incarnation, the expected kind, op_seq and chunk). A frame of another generation or incarnation
@@ -92,17 +98,22 @@ class Connection:
         return self._closed
 
     # ---- sending -------------------------------------------------------------------------------
-    def post(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray, inline: bool = False) -> None:
+    def post(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray, inline: bool = False,
+             digest: int | None = None) -> None:
         """Send one frame: queued for the sender thread, or (`inline`) on the caller's thread.
 
-        A queued `payload` (uint8, contiguous) must stay unchanged until `flush()` returns. Send inline
-        only while nothing is queued and the bytes in flight fit the socket buffers, or a ring deadlocks.
+        The frame is stamped and checksummed here; `digest` (only the one `recv_into` returned for exactly
+        these bytes, or None to hash them now) spares a second pass over forwarded bytes. A queued
+        `payload` (uint8, contiguous) must stay unchanged until `flush()` returns. Send inline only while
+        nothing is queued and the bytes in flight fit the socket buffers, or a ring deadlocks.
         """
+        header = frame.pack_header(kind, self._tag, self.generation, self._my_inc, op_seq, chunk, payload,
+                                   digest)
         if not inline:
-            self._queue.put((kind, op_seq, chunk, payload))
+            self._queue.put((header, payload))
             return
         if self._send_error is None:
-            self._send_one(kind, op_seq, chunk, payload)
+            self._send_one(header, payload)
         if self._send_error is not None:
             raise self._send_error
 
@@ -124,8 +135,7 @@ class Connection:
             elif self._send_error is None:
                 self._send_one(*item)
 
-    def _send_one(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray) -> None:
-        header = frame.pack_header(kind, self._tag, self.generation, self._my_inc, op_seq, chunk, payload)
+    def _send_one(self, header: bytes, payload: np.ndarray) -> None:
         try:
             _sendmsg_all(self.sock, [header, memoryview(payload)])
         except OSError as e:
@@ -133,8 +143,9 @@ class Connection:
             self._on_error(self._send_error)
 
     # ---- receiving -----------------------------------------------------------------------------
-    def recv_into(self, slot: RecvSlot, kind: int, op_seq: int, chunk: int) -> None:
-        """Fill `slot` with the next frame stamped (kind, op_seq, chunk) of this generation.
+    def recv_into(self, slot: RecvSlot, kind: int, op_seq: int, chunk: int) -> int:
+        """Fill `slot` with the next frame stamped (kind, op_seq, chunk) of this generation; returns the
+        verified payload digest (pass it to `post` to forward these bytes unchanged).
 
         Frames of another generation or incarnation are dropped and counted; any other mismatch is
         counted, closes the connection and raises ProtocolError. A closed peer raises PeerLost.
@@ -143,8 +154,8 @@ class Connection:
         while True:
             h = self._read_header()
             dest = slot.view if h.length == len(slot.view) else None
-            ok = self._read_payload(h, dest)
-            self._check_frame(h, ok)
+            payload_digest = self._read_payload(h, dest)
+            self._check_frame(h, frame.verify_digest(self._hdr, payload_digest, h))
             if h.generation != self.generation:
                 self._drop("stale_generation", f"frame of generation {h.generation} on a generation "
                            f"{self.generation} connection")
@@ -159,7 +170,7 @@ class Connection:
                             f"{len(slot.view)} bytes: do all members call the same collectives, in the same "
                             "order, with the same shapes and dtypes?")
             slot.fill((kind, op_seq, chunk))
-            return
+            return payload_digest
 
     def _read_header(self) -> frame.Header:
         self._read_exact(memoryview(self._hdr), start_of_frame=True)
@@ -171,28 +182,27 @@ class Connection:
             self._fatal("oversized", f"frame of {h.length} bytes exceeds max_frame_bytes={self._max}")
         return h
 
-    def _read_payload(self, h: frame.Header, dest: memoryview | None) -> bool:
-        """Read the payload (into dest, or discarded) and return whether its checksum verifies."""
-        prefix = bytes(self._hdr[:frame.HEADER_BYTES - 8])
+    def _read_payload(self, h: frame.Header, dest: memoryview | None) -> int:
+        """Read the payload (into dest, or discarded) and return its digest, hashed piece by piece as each
+        piece lands (still in cache)."""
+        hasher = xxhash.xxh3_64()
         if dest is not None:
-            self._read_exact(dest)
-            return frame.checksum(prefix, dest) == h.checksum
-        hasher = xxhash.xxh3_64(prefix)
+            self._read_exact(dest, hasher=hasher)
+            return hasher.intdigest()
         left = h.length
         while left:
             piece = memoryview(self._discard)[:min(left, len(self._discard))]
-            self._read_exact(piece)
-            hasher.update(piece)
+            self._read_exact(piece, hasher=hasher)
             left -= len(piece)
-        return hasher.intdigest() == h.checksum
+        return hasher.intdigest()
 
     def _check_frame(self, h: frame.Header, checksum_ok: bool) -> None:
         if not checksum_ok:
-            self._fatal("bad_checksum", f"payload checksum mismatch in frame op_seq={h.op_seq} chunk={h.chunk}")
+            self._fatal("bad_checksum", f"checksum mismatch in frame op_seq={h.op_seq} chunk={h.chunk}")
         if h.job_tag != self._tag:
             self._fatal("malformed", "frame of another job")
 
-    def _read_exact(self, view: memoryview, start_of_frame: bool = False) -> None:
+    def _read_exact(self, view: memoryview, start_of_frame: bool = False, hasher=None) -> None:
         got, n = 0, len(view)
         while got < n:
             try:
@@ -206,6 +216,8 @@ class Connection:
                 log.warning("%s: truncated frame (%d of %d bytes), closing", self._who(), got, n)
                 self.shutdown()
                 raise PeerLost(f"{self._who()} closed the connection in the middle of a frame (truncated)")
+            if hasher is not None:
+                hasher.update(view[got:got + k])
             got += k
 
     def _drop(self, reason: str, detail: str) -> None:
