@@ -12,7 +12,12 @@ Invariants:
 - Bit-identical results: each chunk is reduced in one fixed ring order and finalised (AVG divides) by
   exactly one member; everyone else receives those bytes verbatim.
 - User buffers are written only at the end, from a private work buffer, after every frame arrived and
-  verified; when a collective raises, every buffer passed in is exactly as it was passed.
+  verified; when a collective raises, every buffer passed in is exactly as it was passed. The one
+  explicit exception is `TcpBackend(..., in_place_all_reduce=True)`: all_reduce then reduces and
+  gathers straight in the caller's buffer (as gloo does), which saves the work buffer and the final
+  copy (one memory pass over the buffer per call), but **a raising all_reduce leaves that buffer
+  partly reduced**: opt in only where a failed step's buffers are discarded (recomputed or reloaded).
+  Every other collective keeps the guarantee either way.
 - Every collective (send/recv aside) advances `op_seq` by one on every member; frames are stamped with it.
 """
 
@@ -30,7 +35,8 @@ from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
 class TcpBackend:
     """Collectives of one generation. Cheap to construct: connections are made on first use."""
 
-    def __init__(self, transport: Transport, group: Group) -> None:
+    def __init__(self, transport: Transport, group: Group, *, in_place_all_reduce: bool = False) -> None:
+        self.in_place_all_reduce = in_place_all_reduce
         self.session = transport.open_session(group)
         self.group = group
         self.rank = group.rank
@@ -60,13 +66,16 @@ class TcpBackend:
         with self.session.operation("all_reduce"):
             seq = self._next_seq()
             if self.world > 1 and flat.size:
-                work = self._work_for(flat)
+                # In place, `work` is the caller's buffer: safe for the ring, because a region is
+                # overwritten only by a frame that causally follows every send of its old bytes.
+                work = flat.elems if self.in_place_all_reduce else self._work_for(flat)
                 pipe = self._ring_pipe(seq, flat.raw.nbytes)
                 bounds = _split(flat.size, self.world)
                 self._reduce_scatter(pipe, op, flat, flat.elems, work, bounds, gather=True)
                 self._all_gather(pipe, work, bounds)
                 pipe.flush()
-                np.copyto(flat.elems, work)
+                if work is not flat.elems:
+                    np.copyto(flat.elems, work)
         return buf
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
