@@ -130,24 +130,17 @@ class StepComm:
         return backend
 
 
-def resolve(source: Source) -> Callable[[], Comm]:
-    """The function that names the communicator of the operation being issued now."""
+def resolve(source: Source) -> Callable[[], Comm | None]:
+    """The function that names the communicator of the operation being issued now (None: no
+    generation yet, e.g. a Peer before its first step)."""
     if isinstance(source, Peer):
-        return lambda: _current_step(source)
+        return lambda: StepComm(source.current_step) if source.current_step is not None else None
     if isinstance(source, Backend):
         return lambda: source
     if callable(source):
         return source
     raise TypeError(f"a p2pgen process group needs a Peer, a Backend or a callable returning one, "
                     f"not {type(source).__name__}")
-
-
-def _current_step(peer: Peer) -> StepComm:
-    step = peer.current_step
-    if step is None:
-        raise RuntimeError("torch.distributed collectives on p2pgen run inside a step: "
-                           "`for step in peer.steps(): with step: ...`")
-    return StepComm(step)
 
 
 class Work(dist.Work):
@@ -209,7 +202,7 @@ class P2PGenProcessGroup(dist.ProcessGroup):
 
     def __init__(self, source: Source, rank: int, size: int) -> None:
         super().__init__(rank, size)
-        self._current = resolve(source)
+        self._comm = resolve(source)
         self.failures = 0                                  # operations that failed so far
         self.last_failure: BaseException | None = None
         self._runner = _Runner(self._record_failure)
@@ -218,15 +211,27 @@ class P2PGenProcessGroup(dist.ProcessGroup):
         return BACKEND
 
     def rank(self) -> int:
-        return self._current().rank
+        """This member's rank in the current generation (before the first one: torch's initial value)."""
+        comm = self._comm()
+        return comm.rank if comm is not None else super().rank()
 
     def size(self) -> int:
-        return self._current().world
+        """The current generation's world size (before the first one: torch's initial value)."""
+        comm = self._comm()
+        return comm.world if comm is not None else super().size()
 
     @property
-    def generation(self) -> int:
-        """The generation the next operation would run in."""
-        return self._current().generation
+    def generation(self) -> int | None:
+        """The generation the next operation would run in (None before the first one)."""
+        comm = self._comm()
+        return comm.generation if comm is not None else None
+
+    def _current(self) -> Comm:
+        comm = self._comm()
+        if comm is None:
+            raise RuntimeError("torch.distributed collectives on p2pgen run inside a step: "
+                               "`for step in peer.steps(): with step: ...`")
+        return comm
 
     def shutdown(self) -> None:
         self._runner.close()
@@ -302,7 +307,7 @@ class P2PGenProcessGroup(dist.ProcessGroup):
         self.failures += 1
 
     def __repr__(self) -> str:
-        return f"P2PGenProcessGroup({self._current})"
+        return f"P2PGenProcessGroup({self._comm()!r})"
 
 
 def _checked(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
@@ -367,10 +372,8 @@ def init_process_group(source: Source) -> P2PGenProcessGroup:
 
 
 def _initial_position(source: Source) -> tuple[int, int]:
-    if isinstance(source, Peer):
-        return (source.rank, source.world) if source.backend is not None else (0, 1)
     comm = resolve(source)()
-    return comm.rank, comm.world
+    return (comm.rank, comm.world) if comm is not None else (0, 1)
 
 
 def default_group() -> P2PGenProcessGroup:
