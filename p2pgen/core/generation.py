@@ -111,7 +111,7 @@ class GenerationMachine:
 
     def _formation_complete(self) -> bool:
         """The first generation waits for `min_members`; once the job formed, any change proposes."""
-        return self.active is not None or bool(self.history) or len(self.members) >= (self.min_members or 1)
+        return self.active is not None or len(self.members) >= (self.min_members or 1)
 
     def _register(self, cmd: Register, position: LogPosition) -> Outcome:
         if not cmd.peer_id:
