@@ -9,7 +9,10 @@ communicator at every call: the source is a `Peer` (the collectives of `peer.cur
 one of each step also agrees on the step boundary, exactly as `step.all_reduce` does), a fixed `Backend`,
 or a callable returning one. `rank()` and `size()` are read per call too. (The numbers torch stored when
 the group was built are only the initial ones: code that reads them from C++ never sees a change, which
-is why DDP runs its gradient reduction through a comm hook here and never through DDP's own averaging.)
+is why DDP reduces through a comm hook here and never through its own averaging, which divides by the
+C++ size.) The alternative, one torch group per generation (destroy and re-init on every change), would
+force the application to rebuild its DDP and every other holder of the group at each change; a group
+that follows the generation keeps `dist.*` calls and the DDP object valid for the life of the process.
 
 Usage (the step loop of p2pgen.peer, with torch.distributed collectives inside the step):
 ```python
@@ -26,7 +29,11 @@ for step in peer.steps():
 ```
 Contract:
 - Operations run in issue order on one worker thread per group; the communicator is chosen when the
-  operation is *issued*, so an operation issued in generation G never runs in another one.
+  operation is *issued*, so an operation issued in generation G never runs in another one. With a Peer
+  source, collectives go through the step (traced, and the step's first one agrees on the boundary);
+  send/recv run on the step's generation directly (point-to-point is not a collective). A `recv` blocks
+  the operations issued after it, as in MPI; do not block on another operation of the group inside a
+  future's callback (callbacks run on the worker thread).
 - In place, as in torch: `all_reduce`/`broadcast` write their tensor, the others their output tensors.
   Outputs are written only when the operation succeeded; when it fails every tensor passed in is as it
   was passed (p2pgen.collectives.tcp's guarantee, kept for list outputs by gathering into a scratch
@@ -45,8 +52,11 @@ Contract:
   buckets with SUM (so the loss must be a sum of per-sample terms divided by the global batch size,
   the rule of p2pgen.peer), and never rebuilds its buckets, so that every member of a generation,
   joiners included, runs the same collectives in the same step.
-Invariant kept: every collective this module issues for a member is issued by every member of the same
-generation, in the same order, from the same step (I4 via the Step; I5 by discarding failed steps).
+Invariants kept: an operation runs only in the generation it was issued in, and with a Peer source only
+through that generation's Step, so it never runs before the generation's certificate (I4); a step one of
+whose operations failed raises (through `unwrap_errors` inside DDP's backward) and is discarded, never
+committed (I5). DDP's collectives are a function of the model alone (no bucket rebuild), so members that
+run the same model issue the same ones in every step, joiners included.
 """
 
 # No `from __future__ import annotations` here: DDP checks a comm hook's annotations against the real types.
@@ -174,10 +184,11 @@ class _Runner:
         self._thread = threading.Thread(target=self._loop, name="p2pgen-torch", daemon=True)
         self._thread.start()
 
-    def submit(self, run: Callable[[], Any]) -> "Work":
+    def submit(self, run: Callable[[], Any]) -> Work:
         future: Future = Future()
+        work = Work(future)
         self._queue.put((run, future))
-        return Work(future)
+        return work
 
     def close(self) -> None:
         self._queue.put(None)

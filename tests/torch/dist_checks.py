@@ -63,7 +63,8 @@ def check_rank_size_backend(m: Member) -> None:
 
 def check_all_reduce_ops_and_dtypes(m: Member) -> None:
     for dtype in FLOATS + INTS:
-        ops = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX] + ([dist.ReduceOp.AVG] if dtype in FLOATS else [])
+        ops = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+        ops += [dist.ReduceOp.AVG] if dtype in FLOATS else []
         for op in ops:
             t = value(m.rank, (3, 5), dtype)
             ptr = t.data_ptr()
