@@ -1,8 +1,11 @@
 """all_reduce benchmark: p2pgen's tcp backend and torch gloo, same machine, same run, one after the other.
 
-Each backend runs `world` processes on loopback; every size is warmed up, then timed over `iters`
-calls; the time of a size is the slowest rank's mean. As in nccl-tests: algbw = bytes / time and
-busbw = algbw * 2 (world - 1) / world (what each link carries in a ring all-reduce).
+Each backend runs `world` processes on loopback; both groups are started up front and take turns: for
+every size, `rounds` rounds of (p2pgen, gloo), each round `iters` timed calls after a warm-up. A round's
+time is the slowest rank's mean; a size's time is the median over its rounds. Interleaving at that grain
+exposes both backends to the same background load on a shared machine, which a run of one backend after
+the other does not. As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
+(what each link carries in a ring all-reduce).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -40,11 +44,22 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True) -> list[Row]:
+        gloo: bool = True, rounds: int = 3) -> list[Row]:
     plan = [(s, iters or iterations(s)) for s in sizes]
-    ours = _spawn(world, "p2pgen", plan, chunk_bytes)
-    theirs = _spawn(world, "gloo", plan, chunk_bytes) if gloo else [None] * len(plan)
-    return [Row(s, s // 4, a, b) for (s, _), a, b in zip(plan, ours, theirs)]
+    groups = {"p2pgen": _Group(world, "p2pgen", chunk_bytes)}
+    try:
+        if gloo:
+            groups["gloo"] = _Group(world, "gloo", chunk_bytes)
+        times: dict[str, list[list[float]]] = {name: [[] for _ in plan] for name in groups}
+        for i, (size, n) in enumerate(plan):
+            for _ in range(rounds):
+                for name, group in groups.items():
+                    times[name][i].append(group.time(size, n))
+    finally:
+        for group in groups.values():
+            group.close()
+    med = {name: [statistics.median(t) for t in ts] for name, ts in times.items()}
+    return [Row(s, s // 4, med["p2pgen"][i], med["gloo"][i] if gloo else None) for i, (s, _) in enumerate(plan)]
 
 
 def busbw(world: int, size: int, seconds: float) -> float:
@@ -82,34 +97,48 @@ def to_json(world: int, rows: list[Row]) -> str:
 
 
 # ---- workers -------------------------------------------------------------------------------------
-def _spawn(world: int, backend: str, plan: list[tuple[int, int]], chunk_bytes: int) -> list[float]:
-    ctx = mp.get_context("spawn")
-    pipes, procs = [], []
-    store_port = _free_port() if backend == "gloo" else 0
-    try:
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(child, backend, rank, world, plan, chunk_bytes, store_port),
-                            daemon=True)
-            p.start()
-            pipes.append(parent)
-            procs.append(p)
-        if backend == "p2pgen":
-            ports = [pipe.recv() for pipe in pipes]
-            for pipe in pipes:
-                pipe.send(ports)
-        results = [pipe.recv() for pipe in pipes]
-        for p in procs:
+class _Group:
+    """`world` worker processes of one backend, idle between the sizes they are told to time."""
+
+    def __init__(self, world: int, backend: str, chunk_bytes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        store_port = _free_port() if backend == "gloo" else 0
+        try:
+            for rank in range(world):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_worker, args=(child, backend, rank, world, chunk_bytes, store_port),
+                                daemon=True)
+                p.start()
+                self.pipes.append(parent)
+                self.procs.append(p)
+            if backend == "p2pgen":
+                ports = [pipe.recv() for pipe in self.pipes]
+                for pipe in self.pipes:
+                    pipe.send(ports)
+        except BaseException:
+            self.close()
+            raise
+
+    def time(self, size: int, iters: int) -> float:
+        for pipe in self.pipes:
+            pipe.send((size, iters))
+        return max(pipe.recv() for pipe in self.pipes)
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
             p.join(30)
-        return [max(r[i] for r in results) for i in range(len(plan))]
-    finally:
-        for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join(5)
 
 
-def _worker(pipe, backend: str, rank: int, world: int, plan, chunk_bytes: int, store_port: int) -> None:
+def _worker(pipe, backend: str, rank: int, world: int, chunk_bytes: int, store_port: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -119,7 +148,8 @@ def _worker(pipe, backend: str, rank: int, world: int, plan, chunk_bytes: int, s
     else:
         step, close = _gloo_step(rank, world, store_port)
     try:
-        pipe.send([_time(step, size, iters) for size, iters in plan])
+        while (job := pipe.recv()) is not None:
+            pipe.send(_time(step, *job))
     finally:
         close()
 
