@@ -43,6 +43,7 @@ import numpy as np
 from p2pgen.agent.client import AgentClient
 from p2pgen.agent.rpc import split_addr
 from p2pgen.auth import load_secret
+from p2pgen.channel import Channel, ChannelListener, ChannelReceiver
 from p2pgen.collectives import Backend
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
 from p2pgen.core import Frontier, Ready, Reform, Synced
@@ -148,7 +149,8 @@ class Peer:
 
     def __init__(self, job: str, state: SharedState, agent_addr: str, peer_id: str, incarnation: int,
                  secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
-                 reform_after: float = 1.5, backend: str = "tcp") -> None:
+                 reform_after: float = 1.5, backend: str = "tcp", channel_addr: str | None = None,
+                 channel_dir: str | None = None) -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
         self.backend_kind = check_kind(backend)
         self.identity = (peer_id, incarnation)
@@ -164,6 +166,11 @@ class Peer:
         self.state_server = StateServer(state, job=job, secret=secret, me=self.identity, authorize=self._authorize,
                                         host=shost, port=sport)
         self._serving = contextlib.ExitStack()      # open while quiesced between generations
+        self._channels: dict[str, Channel] = {}
+        self._listener: ChannelListener | None = None
+        if channel_addr and channel_dir:
+            chost, cport = split_addr(channel_addr)
+            self._listener = ChannelListener(job, secret, self.identity, channel_dir, host=chost, port=cport)
         self.backend: Backend | None = None
         self.current_step: Step | None = None      # the step last yielded by steps() (read by p2pgen.torch)
         self.certificate: dict[str, Any] | None = None
@@ -214,12 +221,59 @@ class Peer:
         proposed = {(m["peer_id"], m["incarnation"]) for m in pending["members"]}
         return pending["generation"] if ours <= proposed else 0
 
+    # --- exactly-once channels ------------------------------------------------------------------------
+
+    def channel(self, peer_id: str, mode: str = "exactly_once") -> Channel:
+        """A point-to-point stream to `peer_id` that survives faults and generation changes: a message
+        counts as delivered only once the receiver consumed it (its consumption log, I6)."""
+        if peer_id not in self._channels:
+            self._channels[peer_id] = Channel(self.job, self.secret, self.identity, self._channel_endpoint(peer_id),
+                                              mode=mode, generation=self.generation or 0)
+        return self._channels[peer_id]
+
+    def inbox(self, sender: str) -> ChannelReceiver:
+        """Messages from `sender`'s channel to this peer; call `message.consumed()` after using each."""
+        if self._listener is None:
+            raise P2PGenError("this peer has no channel listener: start it under an agent (P2PGEN_CHANNEL_ADDR)")
+        return self._listener.receiver(sender)
+
+    def _channel_endpoint(self, peer_id: str) -> Endpoint:
+        member = next((m for m in self._view["state"]["members"] if m["peer_id"] == peer_id), None)
+        if member is None or "channel" not in member["addrs"]:
+            raise P2PGenError(f"{peer_id} is not a member with a channel address; known: "
+                              f"{sorted(m['peer_id'] for m in self._view['state']['members'])}")
+        host, port = split_addr(member["addrs"]["channel"])
+        return Endpoint(peer_id, member["incarnation"], host, port)
+
+    def _move_channels(self, generation: int) -> None:
+        """Every channel follows the job into `generation` (reconnect, read the receiver's log, resend the
+        missing numbers); a receiver that is not back yet is retried by the channel in the background."""
+        if self._listener is not None:
+            self._listener.on_generation(generation)
+        for peer_id, ch in self._channels.items():
+            try:
+                remote = self._channel_endpoint(peer_id)
+            except P2PGenError:
+                continue                       # the receiver is gone for now; the channel keeps its target
+            threading.Thread(target=self._move_channel, args=(ch, generation, remote), daemon=True).start()
+
+    @staticmethod
+    def _move_channel(ch: Channel, generation: int, remote: Endpoint) -> None:
+        try:
+            ch.on_generation(generation, remote)
+        except (GenerationChanged, PeerLost) as e:
+            log.info("channel to %s not yet moved to generation %d: %s", remote.peer_id, generation, e)
+
     def close(self) -> None:
         self._closed.set()
         if self.backend is not None:
             self.backend.abort("peer closed")
         self._serving.close()
         self.state_server.close()
+        for ch in self._channels.values():
+            ch.close()
+        if self._listener is not None:
+            self._listener.close()
         self.transport.close()
         self.agent.close()
         self.trace.close()
@@ -327,6 +381,7 @@ class Peer:
                           revision=self.state.revision, frontier=cert["frontier"], raft_index=cert["raft_index"])
         self.backend = backend_factory(self.backend_kind, cert, self.transport, group)
         self.stats["generations"] += 1
+        self._move_channels(cert["generation"])
         try:
             self.backend.connect()
         except (GenerationChanged, PeerLost) as e:
@@ -414,4 +469,5 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
         trace = os.path.join(env["P2PGEN_TRACE_DIR"], f"{peer_id.replace('/', '_')}-{incarnation}.jsonl")
     return Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
                 secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace,
-                backend=env.get("P2PGEN_BACKEND", "tcp"))
+                backend=env.get("P2PGEN_BACKEND", "tcp"), channel_addr=env.get("P2PGEN_CHANNEL_ADDR"),
+                channel_dir=env.get("P2PGEN_CHANNEL_DIR"))

@@ -19,7 +19,9 @@ Invariants kept:
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,7 +44,8 @@ class JoinError(P2PGenError):
     """The agent could not join or start the job; the message says why and what to check."""
 
 
-PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3}   # from the control port (see README)
+PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # from the control port (README)
+PORTS_PER_AGENT = len(PORT_OFFSETS)
 
 
 def port_of(control_addr: str, role: str) -> str:
@@ -75,12 +78,16 @@ class AgentConfig:
     raft: RaftTiming = field(default_factory=RaftTiming)
     join_timeout: float = 30.0
     retire_wait: float = 5.0                      # max wait for the dead incarnation's generation to retire
+    channel_dir: str = ""                         # consumption logs of this peer's channels (kept across incarnations)
     attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
 
 
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        if not config.channel_dir:
+            safe = config.peer_id.replace("/", "_")
+            config.channel_dir = os.path.join(tempfile.gettempdir(), f"p2pgen-{config.job}-{safe}-channels")
         self.addr = config.listen
         self.raft_addr = raft_addr_of(config.listen)
         self.cluster = sorted({self.raft_addr} | {raft_addr_of(p) for p in config.peers})
@@ -189,7 +196,7 @@ class Agent:
         return view.machine.last_incarnation.get(self.config.peer_id, 0) + 1
 
     def _member_addrs(self) -> tuple[tuple[str, str], ...]:
-        roles = ("agent", "data", "state") if self.config.command else ("agent",)
+        roles = ("agent", "data", "state", "channel") if self.config.command else ("agent",)
         return tuple((role, port_of(self.addr, role)) for role in roles)
 
     def _register(self, incarnation: int) -> None:
@@ -203,7 +210,8 @@ class Agent:
         incarnation = self._next_incarnation()
         env = {"P2PGEN_JOB": self.config.job, "P2PGEN_PEER_ID": self.config.peer_id,
                "P2PGEN_INCARNATION": str(incarnation), "P2PGEN_AGENT": self.addr,
-               "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state")}
+               "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
+               "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir}
         if self.config.secret_file:
             env["P2PGEN_SECRET_FILE"] = self.config.secret_file
         self.app_attached = False

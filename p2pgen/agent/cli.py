@@ -26,7 +26,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--job", default="demo", help="job name (default: demo)")
     join.add_argument("--id", dest="peer_id", help="stable peer id, e.g. node3/gpu1")
     join.add_argument("--listen", metavar="HOST:PORT", help="control address; PORT+1 is Raft, PORT+2 the application's "
-                                                              "data plane, PORT+3 its state transfer (keep all < 32768)")
+                                                              "data plane, PORT+3 its state transfer, PORT+4 its channels "
+                                                              "(keep all < 32768)")
+    join.add_argument("--channel-dir", default="", help="where the application's channel consumption logs live "
+                                                          "(default: a per-job, per-peer folder in the temp dir)")
     join.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="a member's control address")
     join.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE, else an "
                                             "insecure demo secret)")
@@ -39,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            "as a stateless member; default: never (the application votes itself); use 0 for "
                            "applications that do not use p2pgen")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
-    join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 4)")
+    join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 5)")
     join.add_argument("--chaos", type=float, metavar="S", help="--local: inject a fault every S seconds on average "
                                                                "(SIGKILL of an application or of a whole agent)")
     join.add_argument("--chaos-seed", type=int, default=0, help="--local: seed of the fault schedule")
@@ -80,7 +83,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
                               min_members=args.min_members, detector=detector, join_timeout=args.join_timeout,
-                              attach_grace=args.attach_grace))
+                              attach_grace=args.attach_grace, channel_dir=args.channel_dir))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
     try:
@@ -182,7 +185,7 @@ def format_history(history: list[dict[str, Any]]) -> str:
 def run_local_demo(args: argparse.Namespace) -> int:
     from p2pgen.agent.local import LocalJob
     n = args.local
-    if not 0 < n <= 64 or args.base_port + 4 * n >= 32768:
+    if not 0 < n <= 64 or args.base_port + 5 * n >= 32768:
         print("p2pgen join --local: N must be 1..64 and every port below 32768", file=sys.stderr)
         return 2
     agent_args = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",

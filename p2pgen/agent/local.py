@@ -21,6 +21,7 @@ import tempfile
 import time
 from datetime import datetime
 
+from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.auth import read_secret_file
 from p2pgen.errors import P2PGenError
 
@@ -35,7 +36,7 @@ class LocalJob:
     def __init__(self, n: int, job: str, base_port: int, agent_args: list[str], command: list[str] | None,
                  secret_file: str | None, chaos: float | None = None, seed: int = 0, steps: int | None = None):
         self.n, self.job, self.command, self.chaos, self.steps = n, job, command, chaos, steps
-        self.addrs = [f"127.0.0.1:{base_port + 4 * i}" for i in range(n)]
+        self.addrs = [f"127.0.0.1:{base_port + PORTS_PER_AGENT * i}" for i in range(n)]
         self.workdir = tempfile.mkdtemp(prefix="p2pgen-local-")
         self.summary_dir = os.path.join(self.workdir, "summaries")
         os.makedirs(self.summary_dir)

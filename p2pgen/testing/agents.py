@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.client import AgentClient
 
 PORT_LOW, PORT_HIGH = 20000, 32000
 
 
 def _free(port: int) -> bool:
-    """Control (TCP+UDP), Raft, data and state ports of one agent are all free."""
-    for kind, p in ((socket.SOCK_STREAM, port), (socket.SOCK_DGRAM, port), (socket.SOCK_STREAM, port + 1),
-                    (socket.SOCK_STREAM, port + 2), (socket.SOCK_STREAM, port + 3)):
+    """Every port of one agent is free: control (TCP and UDP), Raft, data, state, channel."""
+    kinds = [(socket.SOCK_DGRAM, port)] + [(socket.SOCK_STREAM, port + k) for k in range(PORTS_PER_AGENT)]
+    for kind, p in kinds:
         with socket.socket(socket.AF_INET, kind) as s:
             try:
                 s.bind(("127.0.0.1", p))
@@ -34,14 +35,14 @@ def _free(port: int) -> bool:
 
 
 def free_control_ports(n: int) -> list[int]:
-    """n control ports (each with PORT+1..PORT+3 free), below 32768, spread by pid to avoid collisions."""
+    """n control ports (each with all of its agent's ports free), below 32768, spread by pid."""
     start = PORT_LOW + (os.getpid() * 37) % (PORT_HIGH - PORT_LOW - 1000)
     ports: list[int] = []
-    port = start - start % 4
+    port = start - start % PORTS_PER_AGENT
     while len(ports) < n:
         if _free(port):
             ports.append(port)
-        port += 4
+        port += PORTS_PER_AGENT
         if port >= PORT_HIGH:
             port = PORT_LOW
     return ports
