@@ -41,17 +41,20 @@ def main() -> None:
     if peer.peer_id == "p1":
         threading.Thread(target=receive, args=(peer, os.path.join(out_dir, "consumed.txt"),
                                                os.path.join(out_dir, "killed"), done), daemon=True).start()
-    sent = int(open(os.path.join(out_dir, "sent")).read()) if os.path.exists(os.path.join(out_dir, "sent")) else 0
+    sent = 0
     for step in peer.steps():
         with step:
             step.barrier()
             flag = np.array([1 if done.is_set() or (peer.peer_id == "p0" and sent >= TOTAL) else 0], np.int64)
             step.all_reduce(flag, op="min")
             if peer.peer_id == "p0" and sent < TOTAL:
-                peer.channel("p1").send(np.array([sent], np.int64))
-                sent += 1
+                try:       # never block the step loop on a receiver that is down: retry next step
+                    peer.channel("p1").send(np.array([sent], np.int64), timeout=0.2)
+                    sent += 1
+                except TimeoutError:
+                    pass
             step.commit()
-            if flag[0] == 1:
+            if flag[0] == 1 and step.world == 2:    # both done, decided together
                 break
     if peer.peer_id == "p0":
         peer.channel("p1").flush(timeout=30)
