@@ -340,11 +340,11 @@ class Agent:
             return False
         counted = self._app_kill is None or self._app_kill[0] is not app or self._app_kill[1]
         self._app_kill = None
-        self._report_app(app, f"application {why}")
         if clean:
             log.info("application finished cleanly; leaving the job")
             self._leave()
             return True
+        self._report_app(app, f"application {why}")
         if counted:
             self.restarts += 1
             if self.restarts > self.config.max_restarts:
