@@ -6,9 +6,10 @@ came from (`start`), every activation (`activate`), every contribution to a step
 (`contribute`, written *before* the collective so that a member killed inside it is still accounted
 for), every applied step with its digests before and after (`apply`), every fault it fired (`inject`)
 and its final state (`final`). Lines are written unbuffered, so a SIGKILL loses none that was written.
-A process stops at revision >= steps only once the harness wrote RUN_DIR/finish (every replaced or
-joining peer is back in the active generation); until then it keeps training past `steps`, so that no
-fault's consequences are cut off by the end of the run.
+The run ends at a revision the harness writes into RUN_DIR/finish once every replaced or joining peer
+is back in the active generation (until then members train past `steps`, so that no fault's
+consequences are cut off). That revision is ahead of every member's when written, and members stop on
+reaching it: the end is a function of the revision, never of when a member happened to look.
 
 Injection points inside one step of revision r (schedule.STEP_POINTS, in this order):
     before_allreduce -> [all-reduce bucket 0: mid_allreduce after sending frame k] -> between_buckets
@@ -187,6 +188,14 @@ def save_after_commit(policy: str, run_dir: str, state: SharedState, peer_id: st
         policies.save_npz(policies.checkpoint_path(run_dir), state, writer=incarnation)
 
 
+def end_revision(run_dir: str, steps: int) -> float:
+    try:
+        with open(os.path.join(run_dir, "finish")) as f:
+            return max(steps, int(f.read()))
+    except FileNotFoundError:
+        return float("inf")
+
+
 def main(run_dir: str) -> int:
     with open(os.path.join(run_dir, "config.json")) as f:
         config = json.load(f)
@@ -203,7 +212,7 @@ def main(run_dir: str) -> int:
     attempts: dict[int, int] = {}
     try:
         for step in peer.steps():
-            if state.revision >= config["steps"] and os.path.exists(os.path.join(run_dir, "finish")):
+            if state.revision >= end_revision(run_dir, config["steps"]):
                 break
             attempt = attempts[step.generation] = attempts.get(step.generation, -1) + 1
             with step:

@@ -28,6 +28,7 @@ from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
 REPLACE_AFTER_S = 1.0
 POLL_S = 0.05
 HISTORY_EVERY_S = 0.5
+FINISH_MARGIN = 25
 DETECT = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
           "--heartbeat-interval=0.1")
 AGENT_ARGS = ("--attach-grace=30", "--max-restarts=200")
@@ -119,8 +120,9 @@ class _Harness:
         return False
 
     def _allow_finish_when_settled(self) -> None:
-        """Write RUN_DIR/finish once some member reached the schedule's last step and every live agent's
-        newest application is in the newest generation."""
+        """Once some member reached the schedule's last step and every live agent's newest application
+        is in the newest generation, write the revision the run ends at into RUN_DIR/finish (atomically):
+        FINISH_MARGIN steps past the highest revision logged, so that no member has passed it yet."""
         finish = self.run_dir / "finish"
         if finish.exists() or self.replacing or any((self.run_dir / "requests").iterdir()):
             return
@@ -138,7 +140,9 @@ class _Harness:
                     if e["generation"] > generation:
                         generation, members = e["generation"], {tuple(m) for m in e["members"]}
         if revision >= self.steps and live and live <= set(newest) and {(p, newest[p]) for p in live} <= members:
-            finish.touch()
+            tmp = self.run_dir / "finish.tmp"
+            tmp.write_text(str(revision + FINISH_MARGIN))
+            os.replace(tmp, finish)
 
     def _live_addrs(self) -> list[str]:
         return [a.addr for a in self.cluster.agents.values() if a.alive()]
