@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from p2pgen.chaos.model import reference_digests
@@ -48,7 +48,6 @@ class Verdict:
     steps_per_s: float | None
     final_revision: int | None
     stalled: bool = False
-    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -132,13 +131,11 @@ def _check_membership(events: list[dict[str, Any]], history: list[dict[str, Any]
 def _check_resumption(events: list[dict[str, Any]], ref: list[str], found: _Findings) -> None:
     """Each generation resumes at or above every revision its members had committed (I2, I5)."""
     committed: dict[tuple[str, int], int] = {}
-    resumed: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     for e in events:
         who = (e["peer"], e["incarnation"])
         if e["event"] == "apply" and _legal(e, ref):
             committed[who] = max(committed.get(who, 0), e["revision"] + 1)
         elif e["event"] == "activate":
-            resumed[e["generation"]][who] = e["revision"]
             held = committed.get(who, 0)
             if e["revision"] < held:
                 found.add(LOST, f"{who[0]}#{who[1]} entered g{e['generation']} at revision {e['revision']} "
