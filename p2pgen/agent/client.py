@@ -1,13 +1,12 @@
 """AgentClient: what the CLI, tests and applications use to talk to an agent's control API.
 
-Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `wait`, `attach`,
-`leave`). Holds no state of its own beyond one connection; reconnects on demand.
+Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `attach`, `leave`;
+the step loop long-polls `wait` directly). Holds no state of its own beyond one connection; reconnects on demand.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 from p2pgen.agent.rpc import RpcClient
 from p2pgen.agent.wire import command_to_wire
@@ -44,18 +43,6 @@ class AgentClient:
 
     def leave(self) -> None:
         self._call("leave")
-
-    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
-        """Long-poll the agent until `predicate(show())` holds; raise TimeoutError with the last state."""
-        deadline = time.monotonic() + timeout
-        state = self.show()
-        while not predicate(state):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"condition not met within {timeout:.1f} s; last state: {state['state']}")
-            state = self._call("wait", io_timeout=min(left, 2.0) + 2, after_version=state["raft"]["index"],
-                               timeout=min(left, 2.0))
-        return state
 
     def close(self) -> None:
         if self._rpc is not None:

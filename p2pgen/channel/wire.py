@@ -24,6 +24,7 @@ import numpy as np
 
 from p2pgen.errors import PeerLost, ProtocolError
 from p2pgen.transport import frame
+from p2pgen.transport.connection import sendmsg_all
 
 OPEN, LOG, DATA, ACK = 16, 17, 18, 19     # frame kinds; the transport's own kinds are 1 and 2
 RAW, ARRAY = 0, 1                          # DATA encodings, carried in the header's `chunk` field
@@ -63,16 +64,7 @@ def decode_array(view: memoryview) -> np.ndarray:
 
 def write_frame(sock: socket.socket, kind: int, stamp: Stamp, op_seq: int, chunk: int, payload) -> None:
     header = frame.pack_header(kind, stamp.tag, stamp.generation, stamp.incarnation, op_seq, chunk, payload)
-    views = [memoryview(header)] + ([memoryview(payload).cast("B")] if len(payload) else [])
-    while views:
-        sent = sock.sendmsg(views)
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
+    sendmsg_all(sock, [header, payload])
 
 
 def send_control(sock: socket.socket, kind: int, stamp: Stamp, body: dict) -> None:

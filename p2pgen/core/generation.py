@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.model import (
-    QUIESCENCE_VALUES, Activated, Certificate, Command, Configure, Effect, Election, FrontierElected, Frontier,
+    QUIESCENCE_VALUES, Activated, Certificate, Command, Configure, Effect, Election, FrontierElected,
     HistoryEntry, Leave, LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened,
     Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, Tombstone,
 )

@@ -114,6 +114,15 @@ class Cluster:
             time.sleep(0.05)
         raise AssertionError(f"condition not met within {timeout} s at {addr}; last: {last}\n{self.logs()}")
 
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll `predicate()` until it holds; fail with `what` and every agent's log after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{what} did not happen within {timeout} s\n{self.logs()}")
+
     def logs(self) -> str:
         return "\n".join(f"--- {a.peer_id} ---\n{a.log.read_text()[-3000:]}" for a in self.agents.values()
                          if a.log.exists())

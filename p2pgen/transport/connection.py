@@ -137,7 +137,7 @@ class Connection:
 
     def _send_one(self, header: bytes, payload: np.ndarray) -> None:
         try:
-            _sendmsg_all(self.sock, [header, memoryview(payload)])
+            sendmsg_all(self.sock, [header, memoryview(payload)])
         except OSError as e:
             self._send_error = PeerLost(f"sending to {self._who()} failed: {e!r}")
             self._on_error(self._send_error)
@@ -266,7 +266,8 @@ def _set_blocking_with_timeout(sock: socket.socket, timeout: float | None) -> No
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
-def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
+def sendmsg_all(sock: socket.socket, buffers: list) -> None:
+    """sendmsg until every byte of `buffers` is on its way (a partial send resumes mid-buffer)."""
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
         sent = sock.sendmsg(views)

@@ -3,7 +3,6 @@ and restarted by its agent as a new incarnation; every message is consumed exact
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path

@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,6 @@ def read_traces(trace_dir: Path) -> dict[str, list[dict]]:
     return traces
 
 
-def wait_for(predicate, timeout: float, what: str, cluster) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s\n{cluster.logs()}")
-
-
 def test_training_survives_kills_and_a_join_and_equals_the_serial_history(cluster, tmp_path, monkeypatch):
     markers, summaries, traces = tmp_path / "markers", tmp_path / "summaries", tmp_path / "traces"
     for d in (markers, summaries, traces):
@@ -61,11 +51,11 @@ def test_training_survives_kills_and_a_join_and_equals_the_serial_history(cluste
     for i, addr in enumerate(members):
         cluster.start(f"p{i}", addr, [a for a in members if a != addr], command=APP,
                       extra=("--min-members=4", "--attach-grace=60"))
-    wait_for(lambda: len(list(markers.iterdir())) == 2, 90, "both faults firing", cluster)
+    cluster.wait_until(lambda: len(list(markers.iterdir())) == 2, 90, "both faults firing")
     cluster.start("p4", addrs[4], [members[3]], command=APP, extra=("--attach-grace=60",))
 
     for agent in list(cluster.agents.values()):
-        wait_for(lambda: not agent.alive(), 120, f"{agent.peer_id} finishing", cluster)
+        cluster.wait_until(lambda: not agent.alive(), 120, f"{agent.peer_id} finishing")
         assert agent.proc.returncode == 0, cluster.logs()
 
     # every live member ends bit-identical and equal to the serial reference (integer arithmetic: exact)

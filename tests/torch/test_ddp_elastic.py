@@ -14,13 +14,12 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from p2pgen.testing.agents import Cluster, free_control_ports
+from p2pgen.testing.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,24 +40,6 @@ def load_example():
     return module
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
-
-
-def wait_for(predicate, timeout: float, what: str, cluster: Cluster) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s\n{cluster.logs()}")
-
-
 def test_ddp_survives_a_kill_and_a_join_and_equals_the_single_process_reference(cluster, tmp_path, monkeypatch):
     markers, summaries = tmp_path / "markers", tmp_path / "summaries"
     markers.mkdir()
@@ -76,10 +57,10 @@ def test_ddp_survives_a_kill_and_a_join_and_equals_the_single_process_reference(
     for i, addr in enumerate(members):
         cluster.start(f"p{i}", addr, [a for a in members if a != addr], command=app,
                       extra=("--min-members=3", "--attach-grace=60"))
-    wait_for(lambda: any(markers.iterdir()), 150, "p1 killing itself before backward", cluster)
+    cluster.wait_until(lambda: any(markers.iterdir()), 150, "p1 killing itself before backward")
     cluster.start("p3", addrs[3], [members[0]], command=app, extra=("--attach-grace=60",))
     for agent in list(cluster.agents.values()):
-        wait_for(lambda: not agent.alive(), 200, f"{agent.peer_id} finishing", cluster)
+        cluster.wait_until(lambda: not agent.alive(), 200, f"{agent.peer_id} finishing")
         assert agent.proc.returncode == 0, cluster.logs()
 
     finals = {f["peer"]: f for f in (json.loads(p.read_text()) for p in summaries.glob("*.json"))}
