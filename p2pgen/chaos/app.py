@@ -76,6 +76,9 @@ class Injector:
                     self._fire(inj, {})
 
     def _claim(self, inj: Injection) -> bool:
+        """Once the harness fixed the end of the run (RUN_DIR/finish), no new fault starts."""
+        if os.path.exists(os.path.join(self.run_dir, "finish")):
+            return False
         try:
             os.close(os.open(os.path.join(self.run_dir, "fired", inj.name), os.O_CREAT | os.O_EXCL))
             return True
