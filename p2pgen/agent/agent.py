@@ -200,7 +200,16 @@ class Agent:
         return tuple((role, port_of(self.addr, role)) for role in roles)
 
     def _register(self, incarnation: int) -> None:
-        outcome = self.node.submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time()))
+        command = Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time())
+        deadline = time.monotonic() + self.config.join_timeout
+        while True:       # a quorum may be briefly lost while the job reconfigures: retry the same command
+            try:
+                outcome = self.node.submit(command)
+                break
+            except RaftUnavailable:
+                if time.monotonic() > deadline:
+                    raise JoinError(f"no Raft quorum to register {self.config.peer_id}#{incarnation} within "
+                                    f"{self.config.join_timeout:.0f} s") from None
         if not outcome.ok:
             raise JoinError(f"registration refused: {outcome.reason}")
         self.incarnation = incarnation
@@ -435,6 +444,7 @@ class Agent:
                 node.remove_node(dead)       # remove dead members before adding (pitfall 5)
             node.add_node(addr, timeout=10.0)
             view = node.wait_view(lambda v: addr in v.nodes, 5.0) or node.view()
+        self.heartbeats.renew(control_addr_of(addr))   # a suspicion of the previous agent there is stale
         log.info("admitted Raft node %s (peer %s)", addr, params.get("peer_id"))
         return list(view.nodes)
 

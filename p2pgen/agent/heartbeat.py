@@ -42,6 +42,7 @@ class HeartbeatRunner:
         self._stop = threading.Event()
         self._seq = 0
         self._reset_requested = False
+        self._renewed: set[str] = set()          # peers admitted again at the same address, to judge afresh
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self_addr}", daemon=True)
 
     def start(self) -> None:
@@ -67,6 +68,7 @@ class HeartbeatRunner:
             elif self._reset_requested:
                 self._reset_requested = False
                 self._forgive(now)
+            self._judge_renewed_afresh(now)
             last_loop = now
             targets = self._targets() - {self.self_addr}
             self._track(targets, now)
@@ -81,6 +83,20 @@ class HeartbeatRunner:
         """Start every peer's history afresh (after this agent rejoined the job): what we heard while we
         were cut off says nothing about the others."""
         self._reset_requested = True
+
+    def renew(self, peer: str) -> None:
+        """A new agent was admitted at `peer`'s address: the silence of the one that died there before is
+        not its silence. Its suspicion is withdrawn now; its history restarts on the next round."""
+        with self._lock:
+            self._reported.discard(peer)
+            self._renewed.add(peer)
+
+    def _judge_renewed_afresh(self, now: float) -> None:
+        with self._lock:
+            renewed, self._renewed = self._renewed, set()
+        for peer in renewed:
+            self._history.forget(peer)
+            self._history.record(peer, now)
 
     def _forgive_all(self, now: float, gap: float) -> None:
         log.warning("this agent stalled for %.2f s; restarting every peer's heartbeat history", gap)
