@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -127,11 +128,18 @@ def test_a_source_that_closes_after_some_chunks_is_resumed_by_another(servers):
     src, dst = make_state(5, 2 << 20), make_state(6, 2 << 20)
     a, b = Serving(servers(src, ("p0", 1))), Serving(servers(src, ("p1", 1)))
     seen = []
+    left = threading.Event()
 
     def close_a_after_three_chunks(source, nbytes):
         seen.append(source.peer_id)
         if source.peer_id == "p0" and seen.count("p0") == 3:
             a.leave()                     # p0 leaves its window mid-batch: its connections are shut down
+            left.set()
+        elif source.peer_id == "p1" and seen.count("p1") == 1:
+            # hold p1 until p0 is gone and has hit its closed connection, so batches are still queued
+            # for p0 to fail on (else a fast p1 may take every remaining batch first)
+            assert left.wait(10), "p0 never delivered three chunks"
+            time.sleep(0.3)
     report = pull(dst, [a, b], on_chunk=close_a_after_three_chunks)
     assert "p0" in report.failed_sources and report.resumed >= 1
     assert dst.digest() == src.digest()
