@@ -28,7 +28,9 @@ Buffers are taken as they are (device pointers, the caller's stream; no host cop
 (default) NCCL writes into a private device workspace that is copied into the output only after the
 collective completed, so a collective that raises leaves every buffer as it was (the Backend contract).
 `stage_outputs=False` writes outputs in place (one device copy less, e.g. for benchmarks); a collective that
-raises may then have written part of its output.
+raises may then have written part of its output. An input that overlaps its output other than in NCCL's own
+in-place layout (all_gather: input = output slot `rank`; reduce_scatter: output = input slot `rank`) is
+undefined in NCCL, so such a call is always staged, whatever `stage_outputs` says.
 
 Thread safety: NCCL calls on the communicator are serialised by a lock; abort() takes that lock for at most
 `abort_lock_timeout` and then aborts anyway, since ncclCommAbort is how a blocked NCCL call is released.
@@ -261,14 +263,16 @@ class NcclBackend:
         out, inp = self._dev.describe(output, "reduce_scatter output"), self._dev.describe(input, "reduce_scatter input")
         self._check_pair(out, inp, "reduce_scatter")
         dtype, code = nccl_dtype(self._nccl, inp), nccl_op(self._nccl, _op(op), inp, self.version)
-        self._collective(out, lambda c, o, s: c.reduceScatter(inp.ptr, o, out.count, dtype, code, s))
+        self._collective(out, lambda c, o, s: c.reduceScatter(inp.ptr, o, out.count, dtype, code, s),
+                         force_stage=_undefined_alias(inp, out, out.ptr == inp.ptr + self.rank * out.nbytes))
         return output
 
     def all_gather(self, output: Any, input: Any) -> Any:
         out, inp = self._dev.describe(output, "all_gather output"), self._dev.describe(input, "all_gather input")
         self._check_pair(inp, out, "all_gather")
         dtype = nccl_dtype(self._nccl, inp)
-        self._collective(out, lambda c, o, s: c.allGather(inp.ptr, o, inp.count, dtype, s))
+        self._collective(out, lambda c, o, s: c.allGather(inp.ptr, o, inp.count, dtype, s),
+                         force_stage=_undefined_alias(inp, out, inp.ptr == out.ptr + self.rank * inp.nbytes))
         return output
 
     def broadcast(self, buf: Any, root: int) -> Any:
@@ -302,14 +306,14 @@ class NcclBackend:
 
     # ---- launching and waiting -----------------------------------------------------------------
     def _collective(self, out: DevBuf, launch: Callable[[Any, int, int], None], write_back: bool = True,
-                    p2p: bool = False) -> None:
+                    p2p: bool = False, force_stage: bool = False) -> None:
         """Run `launch(comm, output_ptr, stream_ptr)`; with stage_outputs the output goes to the workspace
         and is copied into `out` only once the collective completed (and that copy is waited for, so the
         workspace is free again when this returns)."""
         stream = self._dev.stream_for(out)
         if out.device != self.device_index:
             raise ValueError(f"buffer is on device {out.device}, this communicator on device {self.device_index}")
-        staged = self.stage_outputs and write_back and out.nbytes > 0
+        staged = (self.stage_outputs or force_stage) and write_back and out.nbytes > 0
         target = self._workspace(out.nbytes)[0] if staged else out.ptr
         self._launch_and_wait(stream, lambda c, s: launch(c, target, s), p2p)
         if staged:
@@ -400,3 +404,8 @@ def _op(op: ReduceOp | str) -> ReduceOp:
         return ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown reduce op {op!r}; use one of {[o.value for o in ReduceOp]}") from None
+
+
+def _undefined_alias(inp: DevBuf, out: DevBuf, nccl_in_place: bool) -> bool:
+    """True when `inp` overlaps `out` in a layout NCCL does not define (anything but its in-place one)."""
+    return inp.overlaps(out) and not nccl_in_place

@@ -42,6 +42,10 @@ class DevBuf:
     def is_integer(self) -> bool:
         return self.dtype.startswith(("int", "uint"))
 
+    def overlaps(self, other: "DevBuf") -> bool:
+        return (self.nbytes > 0 and other.nbytes > 0 and self.device == other.device
+                and self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes)
+
 
 def describe(obj: Any, what: str, host: bool = False) -> DevBuf:
     """The DevBuf of a CuPy array or torch CUDA tensor (`host=True`: of a numpy array or torch CPU tensor)."""

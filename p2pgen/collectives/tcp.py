@@ -12,7 +12,10 @@ Invariants:
 - Bit-identical results: each chunk is reduced in one fixed ring order and finalised (AVG divides) by
   exactly one member; everyone else receives those bytes verbatim.
 - User buffers are written only at the end, from a private work buffer, after every frame arrived and
-  verified; when a collective raises, every buffer passed in is exactly as it was passed. The one
+  verified; when a collective raises, every buffer passed in is exactly as it was passed.
+- Inputs may alias outputs in any way (FSDP2 all-gathers from a view of the output; overlapping views):
+  every input byte is read, into the wire or the work buffer, before the first output byte is written.
+  (world 1 copies with `np.copyto`, which is overlap-safe.) The one
   explicit exception is `TcpBackend(..., in_place_all_reduce=True)`: all_reduce then reduces and
   gathers straight in the caller's buffer (as gloo does), which saves the work buffer and the final
   copy (one memory pass over the buffer per call), but **a raising all_reduce leaves that buffer
@@ -110,9 +113,10 @@ class TcpBackend:
                     pipe.send(inp.elems[a - lo:b - lo])
                 self._all_gather(pipe, work, bounds)
                 pipe.flush()
+                np.copyto(work[lo:hi], inp.elems)    # read the input before any output write (it may alias)
                 np.copyto(out.elems, work)
-            lo, hi = bounds[self.rank]
-            np.copyto(out.elems[lo:hi], inp.elems)
+            else:
+                np.copyto(out.elems[bounds[self.rank][0]:bounds[self.rank][1]], inp.elems)
         return output
 
     def broadcast(self, buf: Any, root: int) -> Any:

@@ -9,6 +9,12 @@ Inputs of SUM/AVG cases are small integers in every dtype, so any summation orde
 reference is exact too (AVG: one division of the exact sum, like the backend's); MIN/MAX cases use
 arbitrary values. So every comparison is exact equality.
 
+`Case.alias` gives the in-place variants: the input of all_gather, or the output of reduce_scatter, is a
+view into the other buffer at this rank's own slot (`own`, the layout torch's FSDP2 and NCCL call in-place),
+at the next rank's slot (`other`), or half a slot off (`offset`, overlapping two slots). all_reduce and
+broadcast are in-place by definition (one buffer). A backend that writes an output before it has read an
+aliased input fails these cases.
+
 Drive it with `check_backend(run_members, world)`, where run_members(fn) calls fn(backend) on every
 member of a live group and returns the results in rank order (threads, processes, GPUs: your choice).
 """
@@ -24,6 +30,8 @@ import xxhash
 from p2pgen.collectives.backend import Backend
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "barrier")
+ALIASES = ("none", "own", "other", "offset")
+ALIASED = ("all_gather", "reduce_scatter")   # the collectives with a separate input and output
 OPS = ("sum", "avg", "min", "max")
 FLOAT_DTYPES = ("float32", "float64", "bfloat16")
 DTYPES = FLOAT_DTYPES + ("int32", "int64")
@@ -39,6 +47,7 @@ class Case:
     root: int = 0
     seed: int = 0
     torch: bool = False   # numpy arrays, or torch CPU tensors (bfloat16 needs torch)
+    alias: str = "none"   # in-place variants of all_gather / reduce_scatter (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -47,6 +56,10 @@ class Case:
             raise ValueError("bfloat16 cases need torch=True")
         if self.op == "avg" and self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"avg of {self.dtype} is not defined")
+        if self.alias not in ALIASES:
+            raise ValueError(f"unknown alias {self.alias!r}; one of {ALIASES}")
+        if self.alias != "none" and self.collective not in ALIASED:
+            raise ValueError(f"alias={self.alias!r} applies to {ALIASED} only, not {self.collective}")
 
 
 def inputs(case: Case, world: int) -> list[np.ndarray]:
@@ -95,10 +108,18 @@ def run_case(backend: Backend, case: Case) -> str:
     if case.collective == "all_reduce":
         out = backend.all_reduce(mine, case.op)
     elif case.collective == "reduce_scatter":
-        out = _make(np.zeros(_prod(case.shape)), case)
+        if case.alias == "none":
+            out = _make(np.zeros(_prod(case.shape)), case)
+        else:
+            out = _window(mine, alias_offset(case.alias, rank, world, _prod(case.shape)), _prod(case.shape))
         backend.reduce_scatter(out, mine, case.op)
     elif case.collective == "all_gather":
         out = _make(np.zeros((world,) + case.shape), case)
+        if case.alias != "none":
+            n = _prod(case.shape)
+            window = _window(out, alias_offset(case.alias, rank, world, n), n)
+            window[...] = mine.reshape(-1)
+            mine = window.reshape(case.shape)
         backend.all_gather(out, mine)
     elif case.collective == "broadcast":
         out = backend.broadcast(mine, case.root % world)
@@ -137,7 +158,29 @@ def standard_cases(world: int) -> list[Case]:
         cases.append(Case("send_recv", (2, 3000), dtype, seed=i + 4, torch=torch))
     cases.append(Case("all_reduce", (0,)))
     cases.append(Case("all_reduce", (1,), "int64", "max"))
+    cases += in_place_cases(world)
     return cases
+
+
+def in_place_cases(world: int) -> list[Case]:
+    """Every aliasing pattern of every two-buffer collective, numpy and torch, sizes around the chunking."""
+    aliases = ALIASES[1:] if world > 1 else ("own",)
+    cases = []
+    for i, alias in enumerate(aliases):
+        for collective in ALIASED:
+            for shape, dtype, torch in (((5, 7), "float32", False), ((3001,), "bfloat16", True),
+                                        ((1500,), "int64", True)):
+                cases.append(Case(collective, shape, dtype, "sum", seed=10 + i, torch=torch, alias=alias))
+    return cases
+
+
+def alias_offset(alias: str, rank: int, world: int, n: int) -> int:
+    """Element offset of the aliased n-element window inside the world*n-element buffer."""
+    if alias == "own" or world == 1:
+        return rank * n
+    if alias == "other":
+        return ((rank + 1) % world) * n
+    return min(rank * n + n // 2 + 1, (world - 1) * n)    # "offset": straddles two slots
 
 
 def check_backend(run_members: Callable[[Callable[[Backend], Any]], list[Any]], world: int) -> None:
@@ -163,7 +206,13 @@ def _send_recv(backend: Backend, mine: Any, case: Case) -> Any:
 
 
 def _rooted(case: Case, world: int) -> Case:
-    return Case(case.collective, case.shape, case.dtype, case.op, case.root % world, case.seed, case.torch)
+    return Case(case.collective, case.shape, case.dtype, case.op, case.root % world, case.seed, case.torch,
+                case.alias)
+
+
+def _window(buf: Any, offset: int, n: int) -> Any:
+    """A flat n-element view of `buf` (numpy array or torch tensor) starting at element `offset`."""
+    return buf.reshape(-1)[offset:offset + n]
 
 
 def _prod(shape: tuple[int, ...]) -> int:

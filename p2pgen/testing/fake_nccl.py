@@ -8,7 +8,10 @@ destroy/check_async_error) and behaves like NCCL where the backend's logic depen
 - calls only enqueue: an operation runs when every rank has enqueued its matching call (send/recv: the
   matching peer call), so a rank that never calls leaves the others' events pending forever;
 - `abort()` ends the communicator's pending operations without writing anything (their events complete);
-- `inject_async_error(rank, text)` makes `check_async_error()` raise on that rank.
+- `inject_async_error(rank, text)` makes `check_async_error()` raise on that rank;
+- NCCL defines overlapping send/recv buffers only in its in-place layout (allGather: send = recv +
+  rank*count; reduceScatter: recv = send + rank*count); for any other overlap the fake takes the worst legal
+  outcome and poisons the output (0xFF bytes) before it reads the inputs, so a backend that relies on it fails.
 Every call is recorded in `calls` as (name, rank, ...). `FakeDevice` (one per member thread) provides the
 backend's device methods: host buffers (numpy arrays, torch CPU tensors), one stream, events over it.
 
@@ -304,7 +307,24 @@ def _all_reduce(calls: dict[int, _Call], world: int) -> None:
         _view(c.args[1], count, dtype)[:] = result
 
 
+def _overlap(a: int, a_bytes: int, b: int, b_bytes: int) -> bool:
+    return a_bytes > 0 and b_bytes > 0 and a < b + b_bytes and b < a + a_bytes
+
+
+def _poison_undefined_aliasing(calls: dict[int, _Call], world: int, gather: bool) -> None:
+    """Overlapping send/recv outside NCCL's in-place layout is undefined: write garbage first."""
+    for r, c in calls.items():
+        send, recv, count, dtype = c.args[:4]
+        item = _view(send, 1, dtype).itemsize
+        send_bytes, recv_bytes = (count * item, count * world * item) if gather else (count * world * item,
+                                                                                      count * item)
+        in_place = send == recv + r * count * item if gather else recv == send + r * count * item
+        if not in_place and _overlap(send, send_bytes, recv, recv_bytes):
+            _view(recv, recv_bytes, 1)[:] = 0xFF
+
+
 def _reduce_scatter(calls: dict[int, _Call], world: int) -> None:
+    _poison_undefined_aliasing(calls, world, gather=False)
     _, _, count, dtype, op = calls[0].args
     result = _reduce([_view(c.args[0], count * world, dtype) for c in calls.values()], dtype, op, world)
     for r, c in calls.items():
@@ -312,6 +332,7 @@ def _reduce_scatter(calls: dict[int, _Call], world: int) -> None:
 
 
 def _all_gather(calls: dict[int, _Call], world: int) -> None:
+    _poison_undefined_aliasing(calls, world, gather=True)
     _, _, count, dtype = calls[0].args
     result = np.concatenate([_view(calls[r].args[0], count, dtype).copy() for r in range(world)])
     for c in calls.values():

@@ -110,6 +110,24 @@ def check_reduce_scatter_list_and_tensor(m: Member) -> None:
                                           for r in range(m.world)]).max(0).values)
 
 
+def check_in_place_gather_and_scatter(m: Member) -> None:
+    """FSDP2's layouts: all-gather from a view of the output's own slot, reduce-scatter into a view of the
+    input's own slot; also another rank's slot and a window straddling two slots."""
+    n = 4
+    for slot in (m.rank, (m.rank + 1) % m.world):
+        for shift in (0, n // 2) if m.world > 1 else (0,):
+            off = min(slot * n + shift, (m.world - 1) * n)
+            flat = torch.zeros(m.world * n, dtype=torch.float32)
+            flat[off:off + n] = value(m.rank, (n,), torch.float32)
+            dist.all_gather_into_tensor(flat, flat[off:off + n])
+            expected = torch.cat([value(r, (n,), torch.float32) for r in range(m.world)])
+            assert torch.equal(flat, expected), (slot, shift, flat, expected)
+            inp = value(m.rank, (m.world * n,), torch.float64)
+            dist.reduce_scatter_tensor(inp[off:off + n], inp)
+            total = sum(value(r, (m.world * n,), torch.float64) for r in range(m.world))
+            assert torch.equal(inp[off:off + n], total[m.rank * n:(m.rank + 1) * n]), (slot, shift)
+
+
 def check_barrier_and_send_recv(m: Member) -> None:
     dist.barrier()
     nxt, prev = (m.rank + 1) % m.world, (m.rank - 1) % m.world
@@ -228,6 +246,7 @@ CHECKS: list[Callable[[Member], None]] = [
     check_broadcast_every_root,
     check_all_gather_list_and_tensor,
     check_reduce_scatter_list_and_tensor,
+    check_in_place_gather_and_scatter,
     check_barrier_and_send_recv,
     check_async_futures_complete_in_issue_order,
     check_bad_arguments_raise_at_the_call,
