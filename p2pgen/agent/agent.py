@@ -1,19 +1,23 @@
-"""The per-host agent: Raft node, failure detector, supervision of the application, control API.
+"""The per-host agent: Raft membership, failure detector, supervision of the application, control API.
 
-Owns: one peer's participation in the job. It joins the Raft group (through any live member; no
-member is special), registers the peer's current incarnation, votes `ready` for an application that
-does not speak the protocol itself, reports deaths (of its own application at once, from the OS; of
-other hosts from missed heartbeats), restarts its application as a new incarnation, and serves
-`show`, `history` and the application's local API.
+Owns: one peer's participation in the job. It joins the Raft group (through any live member; no member is
+special; `raftmember`), registers the peer's current incarnation, votes `ready` for an application that does
+not speak the protocol itself, reports deaths (of its own application at once, from the OS; of other hosts from
+missed heartbeats or from a new process announcing itself at their address), restarts its application as a new
+incarnation, keeps the voter set healthy while its node leads (`voters`), and serves `show`, `history` and the
+application's local API.
 
-Threads: the RPC server (one thread per connection), the Raft node, the heartbeat runner, waitpid
-waiters, and the *driver*, the only thread that makes decisions: it consumes events and the latest
-Raft view, so decisions never race each other.
+Threads: the RPC server (one thread per connection), the Raft node(s), the heartbeat runner, the voter manager,
+waitpid waiters, and the *driver*, the only thread that makes membership decisions for this peer: it consumes
+events and the latest Raft view. The driver never blocks for long: registrations, votes and relaunches are
+retried on its next turn, so an event (a leave, an exit) is always handled within a turn.
 Invariants kept:
-- I3: every incarnation this agent registers is new (the last one seen in the replicated state + 1);
-  an incarnation it learns was evicted is never used again: the application is killed and restarted;
-- I7: nothing here is special to one agent; any live agent can admit a joiner or evict a dead peer;
-- I8: every control connection and heartbeat is authenticated with the job secret.
+- I3: every incarnation this agent registers is new (the last one seen in the replicated state + 1); an
+  incarnation it learns was evicted is never used again: the application is killed and restarted once;
+- I7: nothing here is special to one agent; any live agent can admit a joiner or evict a dead peer, and the
+  voter set is repaired by whichever agent's node leads;
+- I8: every control connection, heartbeat and Raft connection is authenticated with the job secret;
+- no transient loss makes the agent exit: it retries, says so once in its log and in `show` (`waiting`).
 """
 
 from __future__ import annotations
@@ -21,46 +25,40 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import secrets
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
-from p2pgen.agent.heartbeat import HeartbeatRunner
-from p2pgen.agent.rpc import RpcClient, RpcServer, split_addr
+from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
+from p2pgen.agent.raftmember import JoinError, RaftMembership, control_addr_of
+from p2pgen.agent.rpc import RpcServer, split_addr
 from p2pgen.agent.supervisor import Application
+from p2pgen.agent.voters import VoterManager
 from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
-from p2pgen.core import Configure, Leave, Ready, Register, Suspect
+from p2pgen.core import Command, Configure, Leave, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
 from p2pgen.detect import DetectorConfig
-from p2pgen.errors import AuthenticationError, P2PGenError
-from p2pgen.raft.node import RaftNode, RaftTiming, RaftUnavailable, RaftView
+from p2pgen.errors import P2PGenError
+from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
+from p2pgen.raft.trace import ENV_DIR, Trace
 
 log = logging.getLogger(__name__)
 
-
-class JoinError(P2PGenError):
-    """The agent could not join or start the job; the message says why and what to check."""
-
+__all__ = ["Agent", "AgentConfig", "JoinError", "PORTS_PER_AGENT", "port_of"]
 
 PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # from the control port (README)
 PORTS_PER_AGENT = len(PORT_OFFSETS)
+SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
+DRIVER_TURN_S = 0.05
 
 
 def port_of(control_addr: str, role: str) -> str:
-    """The address of one of an agent's four ports: control (agent), Raft, data plane, state transfer."""
+    """The address of one of an agent's ports: control (agent), Raft, data plane, state transfer, channels."""
     host, port = split_addr(control_addr)
     return f"{host}:{port + PORT_OFFSETS[role]}"
-
-
-def raft_addr_of(control_addr: str) -> str:
-    return port_of(control_addr, "raft")
-
-
-def control_addr_of(raft_addr: str) -> str:
-    host, port = split_addr(raft_addr)
-    return f"{host}:{port - 1}"
 
 
 @dataclass
@@ -76,10 +74,18 @@ class AgentConfig:
     min_members: int = 1
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     raft: RaftTiming = field(default_factory=RaftTiming)
-    join_timeout: float = 30.0
     retire_wait: float = 5.0                      # max wait for the dead incarnation's generation to retire
     channel_dir: str = ""                         # consumption logs of this peer's channels (kept across incarnations)
     attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
+    trace_dir: str = ""                           # Raft safety trace (default: $P2PGEN_TRACE_DIR, else none)
+
+
+@dataclass
+class _Relaunch:
+    """An application that exited and is to be restarted once its incarnation retired (or the wait is over)."""
+
+    incarnation: int
+    due: float
 
 
 class Agent:
@@ -89,26 +95,42 @@ class Agent:
             safe = config.peer_id.replace("/", "_")
             config.channel_dir = os.path.join(tempfile.gettempdir(), f"p2pgen-{config.job}-{safe}-channels")
         self.addr = config.listen
-        self.raft_addr = raft_addr_of(config.listen)
-        self.cluster = sorted({self.raft_addr} | {raft_addr_of(p) for p in config.peers})
-        self.node: RaftNode | None = None
-        self.incarnation: int | None = None       # incarnation of this peer's current member
+        self.instance = secrets.token_hex(4)
+        self.trace = Trace(config.trace_dir or os.environ.get(ENV_DIR, ""), config.peer_id, self.addr, self.instance)
+        self._leave_requested = threading.Event()
+        self.membership = RaftMembership(config.job, self.addr, config.peers, config.secret, config.raft, self.trace,
+                                         stopping=self._leave_requested.is_set)
+        self.incarnation: int | None = None       # incarnation of this peer's current member (registered)
         self.app: Application | None = None
         self.app_attached = False
         self.restarts = 0
         self.exit_code = 0
         self._events: queue.Queue[tuple] = queue.Queue()
+        self._to_register: int | None = None      # an incarnation to register (retried each turn until it commits)
+        self._relaunch: _Relaunch | None = None
         self._voted: tuple[int, int] | None = None      # (generation, incarnation) last voted ready for
         self._leaving = threading.Event()
         self._stopped = threading.Event()
         self._app_kill: tuple[Application, bool] | None = None   # (app, counts as a failure)
         self._stopped_app: tuple[Application, float] | None = None
         self._leaderless_since: float | None = None
+        self._last_membership_check = 0.0
+        self._configured = config.min_members <= 1
         host, port = split_addr(self.addr)
         self.rpc = RpcServer(host, port, config.job, config.secret, self._handlers())
         self.heartbeats = HeartbeatRunner(host, port, derive_key(config.secret, config.job, "heartbeat"),
                                           config.job, self.addr, config.detector, self._heartbeat_targets,
-                                          lambda peer, why: self._events.put(("agent_suspected", peer, why)))
+                                          lambda peer, inst, why: self._events.put(("agent_lost", peer, inst, why)),
+                                          self._announce,
+                                          lambda peer, old, new: self._events.put(
+                                              ("agent_lost", peer, old, f"replaced by a new agent process ({new})")))
+        grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
+        self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
+                                   self._leaving.is_set)
+
+    @property
+    def node(self):
+        return self.membership.node
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -116,8 +138,11 @@ class Agent:
         """Join (or start) the job and serve until asked to leave. Returns the process exit code."""
         self.rpc.start()
         try:
-            self._start_raft(initial=True)
             self.heartbeats.start()
+            self.membership.join()
+            if self._leave_requested.is_set():
+                return self.exit_code
+            self.voters.start()
             self._admit_member()
             self._drive()
         finally:
@@ -126,94 +151,68 @@ class Agent:
 
     def request_leave(self) -> None:
         """Leave the job gracefully (SIGTERM, `leave` RPC): callable from any thread."""
+        self._leave_requested.set()
         self._events.put(("leave",))
 
     def _shutdown(self) -> None:
         if self.app is not None:
             self.app.terminate(grace=2.0)
+        self.voters.stop()
         self.heartbeats.stop()
-        if self.node is not None:
-            self.node.stop()
+        self.membership.stop()
         self.rpc.stop()
+        self.trace.flush()
         self._stopped.set()
 
-    # --- joining -----------------------------------------------------------------------------------
-
-    def _start_raft(self, initial: bool, known_nodes: tuple[str, ...] = ()) -> None:
-        if not self.config.peers and not known_nodes:
-            self._launch_node([], configure=initial)
-            return
-        deadline = time.monotonic() + self.config.join_timeout
-        while time.monotonic() < deadline:
-            forming = False
-            for peer in self.config.peers + [control_addr_of(n) for n in known_nodes]:
-                if peer == self.addr:
-                    continue
-                try:
-                    with RpcClient(peer, self.config.secret, timeout=2.0, expect_job=self.config.job) as client:
-                        hello = client.call("hello")
-                        if hello["mode"] == "running":
-                            client.settimeout(15.0)
-                            nodes = client.call("join_raft", raft_addr=self.raft_addr, peer_id=self.config.peer_id)
-                            self._launch_node(nodes, configure=False)
-                            return
-                        forming = forming or (initial and sorted(hello["cluster"]) == self.cluster)
-                except AuthenticationError as e:
-                    raise JoinError(f"{e}. Start this agent with the job's --secret-file.") from e
-                except (OSError, P2PGenError) as e:
-                    log.debug("join through %s failed: %s", peer, e)
-            if forming:
-                self._launch_node(self.cluster, configure=True)
-                return
-            time.sleep(0.2)
-        raise JoinError(f"no live member of job {self.config.job!r} answered at {', '.join(self.config.peers)} "
-                        f"within {self.config.join_timeout:.0f} s; check --peer and that the job is running")
-
-    def _launch_node(self, nodes: list[str], configure: bool) -> None:
-        node = RaftNode(self.config.job, self.raft_addr, [n for n in nodes if n != self.raft_addr],
-                        self.config.secret, self.config.raft)
-        node.start()
-        if node.wait_view(lambda v: v.ready and v.leader is not None, self.config.join_timeout) is None:
-            node.stop()
-            raise JoinError(f"Raft node {self.raft_addr} found no leader within {self.config.join_timeout:.0f} s")
-        self.node = node
-        self._leaderless_since = None
-        log.info("raft node %s is in sync (nodes %s)", self.raft_addr, node.view().nodes)
-        if configure and self.config.min_members > 1:
-            outcome = node.submit(Configure(self.config.min_members, at=time.time()))
-            if not outcome.ok:
-                raise JoinError(outcome.reason)
+    # --- the member of this peer -------------------------------------------------------------------
 
     def _admit_member(self) -> None:
         """Register this peer's member: the application's incarnation, or the agent's own."""
         if self.config.command:
             self._launch_app()
         else:
-            self._register(self._next_incarnation())
+            self._to_register = self._next_incarnation()
 
     def _next_incarnation(self) -> int:
-        view = self.node.view()
-        return view.machine.last_incarnation.get(self.config.peer_id, 0) + 1
+        seen = self.node.view().machine.last_incarnation.get(self.config.peer_id, 0)
+        return max(seen, self._to_register or 0, self.incarnation or 0) + 1
 
     def _member_addrs(self) -> tuple[tuple[str, str], ...]:
         roles = ("agent", "data", "state", "channel") if self.config.command else ("agent",)
-        return tuple((role, port_of(self.addr, role)) for role in roles)
+        return tuple((role, port_of(self.addr, role)) for role in roles) + (("agent_instance", self.instance),)
 
-    def _register(self, incarnation: int) -> None:
-        command = Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time())
-        deadline = time.monotonic() + self.config.join_timeout
-        while True:       # a quorum may be briefly lost while the job reconfigures: retry the same command
-            try:
-                outcome = self.node.submit(command)
-                break
-            except RaftUnavailable:
-                if time.monotonic() > deadline:
-                    raise JoinError(f"no Raft quorum to register {self.config.peer_id}#{incarnation} within "
-                                    f"{self.config.join_timeout:.0f} s") from None
+    def _try_register(self) -> None:
+        incarnation = self._to_register
+        if incarnation is None:
+            return
+        if not self._configured:
+            self._configured = self._submit(Configure(self.config.min_members, at=time.time()), "configure") \
+                is not None
+            if not self._configured:
+                return
+        outcome = self._submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time()),
+                               f"register {self.config.peer_id}#{incarnation}")
+        if outcome is None:
+            return
+        self._to_register = None
         if not outcome.ok:
-            raise JoinError(f"registration refused: {outcome.reason}")
+            log.warning("registration of %s#%d refused: %s; trying a new incarnation", self.config.peer_id,
+                        incarnation, outcome.reason)
+            self._on_evicted(f"registration refused ({outcome.reason})")
+            return
         self.incarnation = incarnation
         log.info("registered %s#%d", self.config.peer_id, incarnation)
+
+    def _submit(self, command: Command, what: str) -> Outcome | None:
+        """Submit within one driver turn; None (and the reason in `waiting`) when no quorum answered in time."""
+        try:
+            outcome = self.node.submit(command, timeout=SUBMIT_TIMEOUT_S)
+        except RaftUnavailable as e:
+            self.membership._wait(f"{what}: no Raft quorum yet ({e}); retrying")
+            return None
+        if self.membership.waiting and self.membership.waiting.startswith(what):
+            self.membership.waiting = None
+        return outcome
 
     def _launch_app(self) -> None:
         incarnation = self._next_incarnation()
@@ -229,7 +228,7 @@ class Agent:
                                on_continue=lambda app: self._events.put(("app_continued", app)),
                                on_exit=lambda app, why, clean: self._events.put(("app_exited", app, why, clean)))
         log.info("started application pid %d as %s#%d", self.app.pid, self.config.peer_id, incarnation)
-        self._register(incarnation)
+        self._to_register = incarnation
 
     # --- the driver --------------------------------------------------------------------------------
 
@@ -237,20 +236,20 @@ class Agent:
         last = time.monotonic()
         while not self._stopped.is_set():
             try:
-                event = self._events.get(timeout=0.05)
+                event = self._events.get(timeout=DRIVER_TURN_S)
             except queue.Empty:
                 event = None
             now = time.monotonic()
             stalled, last = now - last > self.config.detector.timeout, now
             try:
-                if stalled:
-                    self._reconcile_membership_of_self(force=True)
                 if event is not None and self._handle(event):
                     return
+                if self.node is None:
+                    continue
+                self._check_own_membership(force=stalled)
                 self._reconcile()
             except RaftUnavailable as e:
-                log.warning("no Raft quorum: %s", e)
-                self._reconcile_membership_of_self(force=True)
+                self.membership._wait(f"no Raft quorum: {e}")
 
     def _handle(self, event: tuple) -> bool:
         """Handle one event; True when the agent is done."""
@@ -264,12 +263,14 @@ class Agent:
             self._stopped_app = (event[1], event[2])
         elif kind == "app_continued":
             self._stopped_app = None
-        elif kind == "agent_suspected" and event[1] in self.heartbeats.suspected():   # drop stale suspicions
-            self._evict_agent(event[1], event[2])
+        elif kind == "agent_lost":
+            self._evict_agent(*event[1:])
         return False
 
     def _reconcile(self) -> None:
-        self._reconcile_membership_of_self(force=False)
+        self.membership.settle_pending()
+        self._try_register()
+        self._relaunch_if_due()
         view = self.node.view()
         if self._stopped_app is not None:
             app, since = self._stopped_app
@@ -281,16 +282,23 @@ class Agent:
             return
         machine = view.machine
         if machine.was_evicted(self.config.peer_id, self.incarnation):
-            self._on_evicted(f"{self.config.peer_id}#{self.incarnation} was evicted by the job")
+            evicted, self.incarnation = self.incarnation, None
+            self._on_evicted(f"{self.config.peer_id}#{evicted} was evicted by the job")
             return
-        pending = machine.pending
-        if pending is not None and self._votes_for_member() and self._voted != (pending.generation, self.incarnation):
-            member = pending.member(self.config.peer_id)
-            if member is not None and member.incarnation == self.incarnation:
-                outcome = self.node.submit(Ready(pending.generation, self.config.peer_id, self.incarnation,
-                                                 "proved", 0, "", 0, at=time.time()))
-                self._voted = (pending.generation, self.incarnation)
-                log.info("ready for g%d: %s", pending.generation, outcome.reason)
+        self._vote_for_member(view)
+
+    def _vote_for_member(self, view: RaftView) -> None:
+        pending = view.machine.pending
+        if pending is None or not self._votes_for_member() or self._voted == (pending.generation, self.incarnation):
+            return
+        member = pending.member(self.config.peer_id)
+        if member is None or member.incarnation != self.incarnation:
+            return
+        outcome = self._submit(Ready(pending.generation, self.config.peer_id, self.incarnation, "proved", 0, "", 0,
+                                     at=time.time()), f"ready for g{pending.generation}")
+        if outcome is not None:
+            self._voted = (pending.generation, self.incarnation)
+            log.info("ready for g%d: %s", pending.generation, outcome.reason)
 
     def _votes_for_member(self) -> bool:
         """The agent votes for itself, or for an application that did not attach within the grace period."""
@@ -298,46 +306,51 @@ class Agent:
             return True
         return not self.app_attached and time.monotonic() - self.app.started > self.config.attach_grace
 
-    def _reconcile_membership_of_self(self, force: bool) -> None:
-        """After our own stall, or when no leader is known for long, ask the other agents whether our
-        Raft node is still in the cluster; if it was removed, rejoin as a new incarnation."""
+    def _check_own_membership(self, force: bool) -> None:
+        """Find out whether our Raft node still belongs to the job, and rejoin under a new identity if not.
+        Certain: our voter applied its own removal. Asked of live members (at most once a second): after our
+        own stall, when the others refuse our voter, or when no leader was heard for long. A non-voting
+        member without a leader for long rebuilds its node from fresh hellos (the voters it knew may be gone)."""
         view = self.node.view()
         now = time.monotonic()
         if view.leader is not None:
             self._leaderless_since = None
-            if not force:
-                return
         elif self._leaderless_since is None:
             self._leaderless_since = now
-        if not force and now - self._leaderless_since < 2 * self.config.detector.timeout:
+        long_leaderless = (self._leaderless_since is not None
+                           and now - self._leaderless_since > 2 * self.config.detector.timeout)
+        why = self.membership.removed_reason()
+        if view.removed:
+            self._rejoin(why, view)
             return
-        answer = self._ask_membership(view)
-        if answer is not None and not answer["raft_member"]:
-            log.warning("this agent was removed from the job while unreachable; rejoining as a new incarnation")
-            self.node.stop()
-            self.node = None
-            self._start_raft(initial=False, known_nodes=view.nodes)
-            self.heartbeats.reset()
-            self._on_evicted("agent was removed from the Raft group while unreachable")
-        self._leaderless_since = None
+        if why is None and not force and not long_leaderless:
+            return
+        if now - self._last_membership_check < 1.0:
+            return
+        self._last_membership_check = now
+        if not view.voter:
+            if long_leaderless:
+                self._rejoin("no leader heard for a long time", view)
+            return
+        if self.membership.confirm_not_voter(self._known_agents(view)) is True:
+            self._rejoin(why or "a live member says this voter is no longer in the configuration", view)
 
-    def _ask_membership(self, view: RaftView) -> dict | None:
-        for node in view.nodes:
-            if node == self.raft_addr:
-                continue
-            try:
-                with RpcClient(control_addr_of(node), self.config.secret, timeout=0.5,
-                               expect_job=self.config.job) as client:
-                    return client.call("membership", raft_addr=self.raft_addr)
-            except (OSError, P2PGenError):
-                continue
-        return None
+    def _rejoin(self, why: str, view: RaftView) -> None:
+        self._leaderless_since = None
+        self.membership.rejoin_as_nonvoter(why, self._known_agents(view))
+        self.heartbeats.reset()
+
+    def _known_agents(self, view: RaftView) -> tuple[str, ...]:
+        agents = {control_addr_of(n) for n in view.nodes}
+        agents |= {m.addr("agent") for m in view.machine.members if m.addr("agent")}
+        return tuple(sorted(agents - {self.addr}))
 
     def _on_evicted(self, why: str) -> None:
-        log.warning("%s: restarting as a new incarnation", why)
         if self.app is None:
-            self._register(self._next_incarnation())
+            log.warning("%s: registering again as a new incarnation", why)
+            self._to_register = self._next_incarnation()
         elif self._app_kill is None or self._app_kill[0] is not self.app:
+            log.warning("%s: restarting the application as a new incarnation", why)
             self._kill_app(self.app, counted=False)     # its exit event relaunches it as a new incarnation
 
     def _kill_app(self, app: Application, counted: bool) -> None:
@@ -362,121 +375,141 @@ class Agent:
                 self.exit_code = 1
                 self._leave()
                 return True
-        self._wait_retired(app.incarnation)
-        self._launch_app()
+        if self.incarnation == app.incarnation:
+            self.incarnation = None
+        if self._to_register == app.incarnation:
+            self._to_register = None
+        self._relaunch = _Relaunch(app.incarnation, time.monotonic() + self.config.retire_wait)
         return False
 
+    def _relaunch_if_due(self) -> None:
+        """Relaunch once the others certified a generation without the dead incarnation (bounded wait: if
+        nobody else can form one, go on)."""
+        relaunch = self._relaunch
+        if relaunch is None:
+            return
+        machine = self.node.view().machine
+        identity = (self.config.peer_id, relaunch.incarnation)
+        in_active = machine.active is not None and identity in {m.identity for m in machine.active.members}
+        if in_active and machine.members and time.monotonic() < relaunch.due:
+            return
+        self._relaunch = None
+        self._launch_app()
+
     def _report_app(self, app: Application, why: str) -> None:
-        outcome = self.node.submit(Suspect(self.config.peer_id, self.config.peer_id, app.incarnation, why,
-                                           at=time.time()))
-        log.info("reported %s#%d: %s", self.config.peer_id, app.incarnation, outcome.reason)
+        outcome = self._submit(Suspect(self.config.peer_id, self.config.peer_id, app.incarnation, why,
+                                       at=time.time()), f"report {self.config.peer_id}#{app.incarnation}")
+        if outcome is not None:
+            log.info("reported %s#%d: %s", self.config.peer_id, app.incarnation, outcome.reason)
 
-    def _wait_retired(self, incarnation: int) -> None:
-        """Before the new incarnation registers, let the others certify a generation without the old one
-        (bounded: if nobody else can form one, go on)."""
-        identity = (self.config.peer_id, incarnation)
-
-        def retired(view: RaftView) -> bool:
-            m = view.machine
-            in_active = m.active is not None and identity in {x.identity for x in m.active.members}
-            return not in_active or not m.members
-        self.node.wait_view(retired, self.config.retire_wait)
-
-    def _evict_agent(self, control_addr: str, why: str) -> None:
-        view = self.node.view()
-        for member in list(view.machine.members):
-            if member.addr("agent") == control_addr:
-                outcome = self.node.submit(Suspect(self.config.peer_id, member.peer_id, member.incarnation,
-                                                   f"agent {control_addr} {why}", at=time.time()))
+    def _evict_agent(self, control_addr: str, instance: str, why: str) -> None:
+        """Another agent is gone (silent, or replaced by a new process): suspect the members it ran. A member
+        registered by a newer process at that address (another agent instance) is left alone."""
+        for member in list(self.node.view().machine.members):
+            if member.addr("agent") != control_addr:
+                continue
+            if instance and member.addr("agent_instance") not in (None, instance):
+                continue
+            outcome = self._submit(Suspect(self.config.peer_id, member.peer_id, member.incarnation,
+                                           f"agent {control_addr} {why}", at=time.time()),
+                                   f"suspect {member.peer_id}#{member.incarnation}")
+            if outcome is not None:
                 log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
-        if raft_addr_of(control_addr) in view.nodes:
-            self.node.remove_node(raft_addr_of(control_addr))
-            log.info("removed Raft node %s", raft_addr_of(control_addr))
 
     def _leave(self) -> None:
         self._leaving.set()
         if self.app is not None:
             self.app.terminate(grace=2.0)
+        if self.node is None:
+            return
         try:
             if self.incarnation is not None:
                 self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
             view = self.node.view()
-            if len(view.nodes) > 1:
+            if view.voter and len(view.nodes) > 1:
                 if view.is_leader:
                     self.node.transfer_leadership()
                     self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
-                self.node.remove_node(self.raft_addr, timeout=3.0)
+                self.node.remove_node(view.node_id, timeout=3.0)
         except RaftUnavailable as e:
-            log.warning("left without a quorum to record it: %s", e)
+            log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
+                        "absence instead", e)
 
     # --- heartbeats ----------------------------------------------------------------------------------
 
     def _heartbeat_targets(self) -> set[str]:
-        view = self.node.view() if self.node else None
-        return {control_addr_of(n) for n in view.nodes} if view else set()
+        view = self.membership.view()
+        return set(self._known_agents(view)) if view else set()
+
+    def _announce(self) -> Announcement:
+        view = self.membership.view()
+        eligible = (view is not None and not view.voter and self.membership.caught_up()
+                    and self.incarnation is not None and not self._leaving.is_set())
+        return Announcement(self.instance, self.membership.announced_node(), eligible)
 
     # --- control API -------------------------------------------------------------------------------
 
     def _handlers(self) -> dict:
         return {
-            "hello": self._rpc_hello, "join_raft": self._rpc_join_raft, "membership": self._rpc_membership,
+            "hello": self._rpc_hello, "membership": self._rpc_membership, "prepare_voter": self._rpc_prepare_voter,
             "show": self._rpc_show, "history": self._rpc_history, "submit": self._rpc_submit,
             "wait": self._rpc_wait, "attach": self._rpc_attach, "leave": self._rpc_leave,
         }
 
-    def _require_node(self) -> RaftNode:
-        node = self.node
-        if node is None or node.view() is None:
-            raise JoinError(f"agent {self.addr} is not part of the job yet; ask another member")
-        return node
+    def _require_view(self) -> RaftView:
+        view = self.membership.view()
+        if view is None:
+            raise P2PGenError(f"agent {self.addr} is not part of the job yet ({self.membership.waiting}); "
+                              "ask another member")
+        return view
 
     def _rpc_hello(self, params: dict) -> dict:
-        mode = "running" if self.node is not None and self.node.view() is not None else "forming"
-        return {"mode": mode, "cluster": self.cluster, "job": self.config.job, "peer_id": self.config.peer_id}
-
-    def _rpc_join_raft(self, params: dict) -> list[str]:
-        node = self._require_node()
-        addr = params["raft_addr"]
-        split_addr(addr)
-        view = node.view()
-        if addr not in view.nodes:
-            for dead in self._dead_nodes(view):
-                node.remove_node(dead)       # remove dead members before adding (pitfall 5)
-            node.add_node(addr, timeout=10.0)
-            view = node.wait_view(lambda v: addr in v.nodes, 5.0) or node.view()
-        self.heartbeats.renew(control_addr_of(addr))   # a suspicion of the previous agent there is stale
-        log.info("admitted Raft node %s (peer %s)", addr, params.get("peer_id"))
-        return list(view.nodes)
-
-    def _dead_nodes(self, view: RaftView) -> list[str]:
-        return [raft_addr_of(a) for a in self.heartbeats.suspected() if raft_addr_of(a) in view.nodes]
+        return {**self.membership.hello(), "job": self.config.job, "peer_id": self.config.peer_id}
 
     def _rpc_membership(self, params: dict) -> dict:
-        view = self._require_node().view()
-        return {"raft_member": params["raft_addr"] in view.nodes}
+        view = self._require_view()
+        node = str(params["node"])
+        return {"voter": node in view.nodes, "leader": view.leader, "voters": list(view.nodes)}
+
+    def _rpc_prepare_voter(self, params: dict) -> str:
+        if self._leaving.is_set():
+            raise P2PGenError(f"agent {self.addr} is leaving the job")
+        return self.membership.prepare_voter([str(v) for v in params["voters"]])
 
     def _rpc_show(self, params: dict) -> dict:
-        view = self._require_node().view()
+        view = self._require_view()
+        voters = [{"node": n, "agent": control_addr_of(n)} for n in view.nodes]
+        voter_agents = {v["agent"] for v in voters}
+        nonvoters = sorted({m.addr("agent") for m in view.machine.members if m.addr("agent")} - voter_agents)
+        decision = self.voters.last_decision
         return {
             "state": state_json(view.machine),
-            "raft": {"term": view.term, "index": view.version, "leader": view.leader, "nodes": list(view.nodes),
-                     "self": self.raft_addr},
-            "agent": {"peer_id": self.config.peer_id, "addr": self.addr, "incarnation": self.incarnation,
-                      "app_pid": self.app.pid if self.app else None, "restarts": self.restarts,
-                      "refused_connections": self.rpc.refused},
+            "raft": {"term": view.term, "index": view.version, "leader": view.leader,
+                     "leader_agent": control_addr_of(view.leader) if view.leader else None,
+                     "nodes": list(view.nodes), "self": view.node_id, "voter": view.voter,
+                     "voters": voters, "nonvoters": nonvoters,
+                     "hash": [list(c) for c in view.checkpoints[-8:]] + [list(view.log_hash)],
+                     "refused": dict(view.refused),
+                     "voter_decision": decision.reason if decision and view.is_leader else None},
+            "agent": {"peer_id": self.config.peer_id, "addr": self.addr, "instance": self.instance,
+                      "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
+                      "restarts": self.restarts, "refused_connections": self.rpc.refused,
+                      "waiting": self.membership.waiting},
         }
 
     def _rpc_history(self, params: dict) -> list:
-        return history_json(self._require_node().view().machine)
+        return history_json(self._require_view().machine)
 
     def _rpc_submit(self, params: dict) -> dict:
-        outcome = self._require_node().submit(command_from_wire(params.get("command")))
+        self._require_view()
+        outcome = self.node.submit(command_from_wire(params.get("command")))
         return {"ok": outcome.ok, "reason": outcome.reason}
 
     def _rpc_wait(self, params: dict) -> dict:
         after = int(params.get("after_version", -1))
         timeout = min(float(params.get("timeout", 5.0)), 30.0)
-        self._require_node().wait_view(lambda v: v.version > after, timeout)
+        self._require_view()
+        self.node.wait_view(lambda v: v.version > after, timeout)
         return self._rpc_show(params)
 
     def _rpc_attach(self, params: dict) -> dict:

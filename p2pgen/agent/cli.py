@@ -22,7 +22,8 @@ from p2pgen.detect import add_detector_arguments, config_from_args
 def add_commands(sub: argparse._SubParsersAction) -> None:
     join = sub.add_parser("join", help="start an agent: join a job (or start one) and supervise COMMAND",
                           description="Start this host's agent. With no --peer it starts a new job; with peers it "
-                                      "joins the running job through any live member. The Raft port is PORT+1.")
+                                      "joins the running job through any live member (retrying until one answers). "
+                                      "The Raft port is PORT+1.")
     join.add_argument("--job", default="demo", help="job name (default: demo)")
     join.add_argument("--id", dest="peer_id", help="stable peer id, e.g. node3/gpu1")
     join.add_argument("--listen", metavar="HOST:PORT", help="control address; PORT+1 is Raft, PORT+2 the application's "
@@ -36,7 +37,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--max-restarts", type=int, default=10, help="restarts of a failing COMMAND before leaving")
     join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
                                                                  "members registered (same value on every agent)")
-    join.add_argument("--join-timeout", type=float, default=30.0, help="seconds to find a live member")
+    join.add_argument("--trace-dir", default="", metavar="DIR",
+                      help="append this agent's Raft safety trace to DIR (default: $P2PGEN_TRACE_DIR; read by "
+                           "`p2pgen.raft.checker`, `p2pgen stress` and `p2pgen chaos`)")
     join.add_argument("--attach-grace", type=float, default=float("inf"), metavar="S",
                       help="seconds after which the agent votes for a COMMAND that has not attached (p2pgen.join) "
                            "as a stateless member; default: never (the application votes itself); use 0 for "
@@ -82,7 +85,7 @@ def cmd_join(args: argparse.Namespace) -> int:
         return 2
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
-                              min_members=args.min_members, detector=detector, join_timeout=args.join_timeout,
+                              min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
                               attach_grace=args.attach_grace, channel_dir=args.channel_dir))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
@@ -136,9 +139,14 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def format_show(shown: dict[str, Any]) -> str:
-    state, raft = shown["state"], shown["raft"]
-    lines = [f"job {state['job']} · Raft term {raft['term']}, index {raft['index']}, leader {raft['leader']} "
-             f"· {len(raft['nodes'])} agent(s)"]
+    state, raft, agent = shown["state"], shown["raft"], shown["agent"]
+    lines = [f"job {state['job']} · Raft term {raft['term']}, index {raft['index']}, leader "
+             f"{raft['leader_agent'] or 'none heard'} · {len(raft['voters'])} voter(s), "
+             f"{len(raft['nonvoters'])} non-voting member(s)",
+             "voters:     " + ", ".join(f"{v['agent']} ({v['node'].rpartition('/')[2]})" for v in raft["voters"]),
+             "non-voting: " + (", ".join(raft["nonvoters"]) or "none"),
+             f"this agent: {agent['addr']} as {'voter ' + raft['self'] if raft['voter'] else 'a non-voting member'}"
+             + (f"; waiting: {agent['waiting']}" if agent.get("waiting") else "")]
     cert = state["active"]
     if cert is None:
         lines.append("no active generation yet")

@@ -1,13 +1,16 @@
 """Heartbeats between agents and the runner of the failure detector.
 
-Owns: a UDP socket on the agent's control address, signed heartbeats sent to every other Raft node's
-agent, the arrival history, and the calls to the pure `p2pgen.detect.suspects` decision.
+Owns: a UDP socket on the agent's control address, signed heartbeats sent to every other agent of the job,
+the arrival history, what each agent last announced (`Announcement`: its process instance, the Raft node it
+runs, whether it may be promoted to voter), and the calls to the pure `p2pgen.detect.suspects` decision.
 Invariants kept:
 - a heartbeat that is not signed with the job's key, or comes from an agent that is not a current
   Raft node, is ignored (I8): an outsider can neither keep a dead peer alive nor get one evicted;
 - our own stall (a SIGSTOP, a long GC) is never blamed on others: after a gap longer than the
   detector's floor every peer's history restarts from now;
-- each suspicion is reported once until the peer is heard from again.
+- each suspicion is reported once until the peer is heard from again;
+- a heartbeat from a new process at a known address (another instance) is reported at once as the end of
+  the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
@@ -28,11 +32,23 @@ log = logging.getLogger(__name__)
 TAG_BYTES = 32
 
 
+@dataclass(frozen=True)
+class Announcement:
+    """What an agent says of itself in every heartbeat."""
+
+    instance: str               # nonce of the agent process
+    node: str                   # id of the Raft node it runs as a voter, or "" (a non-voting member)
+    eligible: bool              # a non-voting member that is caught up and may be promoted to voter
+
+
 class HeartbeatRunner:
     def __init__(self, host: str, port: int, key: bytes, job: str, self_addr: str, config: DetectorConfig,
-                 targets: Callable[[], set[str]], on_suspect: Callable[[str, str], None]) -> None:
+                 targets: Callable[[], set[str]], on_suspect: Callable[[str, str, str], None],
+                 announce: Callable[[], Announcement],
+                 on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None) -> None:
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
-        self._targets, self._on_suspect = targets, on_suspect
+        self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
+        self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
         self._sock.settimeout(config.heartbeat_interval / 4)
@@ -42,7 +58,6 @@ class HeartbeatRunner:
         self._stop = threading.Event()
         self._seq = 0
         self._reset_requested = False
-        self._renewed: set[str] = set()          # peers admitted again at the same address, to judge afresh
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self_addr}", daemon=True)
 
     def start(self) -> None:
@@ -59,6 +74,11 @@ class HeartbeatRunner:
         with self._lock:
             return set(self._reported)
 
+    def heard(self) -> dict[str, Announcement]:
+        """The last announcement of every agent heard from and not suspected since."""
+        with self._lock:
+            return {a: ann for a, ann in self._heard.items() if a not in self._reported}
+
     def _run(self) -> None:
         next_send = last_loop = time.monotonic()
         while not self._stop.is_set():
@@ -68,7 +88,6 @@ class HeartbeatRunner:
             elif self._reset_requested:
                 self._reset_requested = False
                 self._forgive(now)
-            self._judge_renewed_afresh(now)
             last_loop = now
             targets = self._targets() - {self.self_addr}
             self._track(targets, now)
@@ -83,20 +102,6 @@ class HeartbeatRunner:
         """Start every peer's history afresh (after this agent rejoined the job): what we heard while we
         were cut off says nothing about the others."""
         self._reset_requested = True
-
-    def renew(self, peer: str) -> None:
-        """A new agent was admitted at `peer`'s address: the silence of the one that died there before is
-        not its silence. Its suspicion is withdrawn now; its history restarts on the next round."""
-        with self._lock:
-            self._reported.discard(peer)
-            self._renewed.add(peer)
-
-    def _judge_renewed_afresh(self, now: float) -> None:
-        with self._lock:
-            renewed, self._renewed = self._renewed, set()
-        for peer in renewed:
-            self._history.forget(peer)
-            self._history.record(peer, now)
 
     def _forgive_all(self, now: float, gap: float) -> None:
         log.warning("this agent stalled for %.2f s; restarting every peer's heartbeat history", gap)
@@ -117,10 +122,12 @@ class HeartbeatRunner:
             self._history.forget(peer)
             with self._lock:
                 self._reported.discard(peer)
+                self._heard.pop(peer, None)
 
     def _send(self, targets: set[str]) -> None:
         self._seq += 1
-        body = msgpack.packb([self.job, self.self_addr, self._seq])
+        me = self._announce()
+        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible])
         packet = body + prove(self.key, body)
         for target in targets:
             host, _, port = target.rpartition(":")
@@ -130,26 +137,42 @@ class HeartbeatRunner:
                 log.debug("heartbeat to %s failed: %s", target, e)
 
     def _receive(self, targets: set[str]) -> None:
-        try:
-            packet, _ = self._sock.recvfrom(4096)
-        except (socket.timeout, OSError):
-            return
+        """Wait (at most a quarter interval) for a heartbeat, then take every one already queued."""
+        flags = 0
+        for _ in range(1024):
+            try:
+                packet, _ = self._sock.recvfrom(4096, flags)
+            except (socket.timeout, BlockingIOError, OSError):
+                return
+            flags = socket.MSG_DONTWAIT
+            self._take(packet, targets)
+
+    def _take(self, packet: bytes, targets: set[str]) -> None:
         body, tag = packet[:-TAG_BYTES], packet[-TAG_BYTES:]
         if len(packet) <= TAG_BYTES or not verify(self.key, tag, body):
             log.debug("dropped an unsigned or forged heartbeat")
             return
         try:
-            job, sender, _seq = msgpack.unpackb(body)
-        except (ValueError, msgpack.UnpackException):
+            job, sender, _seq, instance, node, eligible = msgpack.unpackb(body)
+            heard = Announcement(str(instance), str(node), bool(eligible))
+        except (ValueError, TypeError, msgpack.UnpackException):
+            log.debug("dropped a malformed heartbeat")
             return
-        if job == self.job and sender in targets:
-            self._history.record(sender, time.monotonic())
-            with self._lock:
-                self._reported.discard(sender)
+        if job != self.job or sender not in targets:
+            return
+        with self._lock:
+            before = self._heard.get(sender)
+            self._heard[sender] = heard
+            self._reported.discard(sender)
+        if before is not None and before.instance != heard.instance:
+            self._history.forget(sender)          # the new process is judged afresh
+            self._on_replaced(sender, before.instance, heard.instance)
+        self._history.record(sender, time.monotonic())
 
     def _judge(self, targets: set[str], now: float) -> None:
         for peer, reason in suspects(now, self._history, self.config).items():
             if peer in targets and peer not in self._reported:
                 with self._lock:
                     self._reported.add(peer)
-                self._on_suspect(peer, reason)
+                    last = self._heard.get(peer)
+                self._on_suspect(peer, last.instance if last else "", reason)

@@ -1,7 +1,9 @@
 """The replicated state of a job inside pysyncobj: one SyncObjConsumer that feeds commands to core.
 
-Owns: the `GenerationMachine` of the job and a bounded table of request results. Everything reachable
-from this object is picklable (pysyncobj snapshots it for joiners; pitfall 2 in notes/pysyncobj.md).
+Owns: the `GenerationMachine` of the job, a bounded table of request results, and the running hash of the
+Raft log (`log_hash`: every applied entry folded in, so two nodes that applied index i hold the same hash at i;
+kept here so that a joiner bootstrapped from a snapshot continues it). Everything reachable from this object is
+picklable (pysyncobj snapshots it for joiners; pitfall 2 in notes/pysyncobj.md).
 Invariants kept:
 - the replicated method `submit` never raises (pitfall 3): any failure becomes a refused Outcome;
 - it is deterministic: no clock, no randomness, no environment; times arrive inside the commands;
@@ -11,7 +13,10 @@ Invariants kept:
 from __future__ import annotations
 
 import logging
+import struct
 from collections import OrderedDict
+
+import xxhash
 
 from pysyncobj import SyncObjConsumer, replicated
 
@@ -27,6 +32,13 @@ class JobState(SyncObjConsumer):
         super().__init__()
         self.machine = GenerationMachine(job)
         self.results: OrderedDict[str, Outcome] = OrderedDict()
+        self.log_hash = bytes(16)
+
+    def fold_entry(self, index: int, term: int, command: bytes) -> str:
+        """Fold one applied log entry into the running hash; returns the new hash (hex). Called by the node for
+        every entry it applies, in log order (not a replicated method: the entry itself is what is replicated)."""
+        self.log_hash = xxhash.xxh3_128_digest(self.log_hash + struct.pack("<qq", index, term) + command)
+        return self.log_hash.hex()
 
     @replicated
     def submit(self, request_id: str, command: Command) -> Outcome:

@@ -1,14 +1,19 @@
 """RaftNode: one pysyncobj node of a job, ticked by its own thread, with a thread-safe API.
 
-Owns: the SyncObj, the thread that ticks it, command submission with retries, Raft membership
-changes, and publication of immutable views of the replicated state.
+Owns: the SyncObj (a voter with a never-reused node id, or a non-voting member that reads the log and submits
+through the leader), the thread that ticks it, command submission with retries, Raft membership changes, the
+running hash of the applied log and the node's trace records, and publication of immutable views.
 Invariants kept:
 - only the node's own thread touches the SyncObj (getStatus and the state machine are not
   thread-safe, pitfall 13): other threads talk to it through a queue and read published views;
 - a submitted command is retried with the *same* request id until a result arrives or the deadline
   passes (async callbacks can be lost on leader changes, pitfall 4), so it is applied at most once;
 - traffic is encrypted with a password derived from the job secret, the server binds only the given
-  address (pitfall 9), no journal and no dump file (pitfall 12).
+  address (pitfall 9), no journal and no dump file (pitfall 12);
+- a voter's id is `host:port/nonce`, made for this node only (`identity`), and the transport proves it both
+  ways (`transport`), so no later process can be taken for this node;
+- a published leader is one heard from within the election timeout: a node cut off from the job (removed,
+  partitioned, stalled) reports no leader rather than a stale one.
 """
 
 from __future__ import annotations
@@ -21,16 +26,23 @@ import time
 import uuid
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+import pysyncobj.pickle as so_pickle
+from pysyncobj import FAIL_REASON, SyncObjConf
+from pysyncobj.monotonic import monotonic as so_monotonic
+from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 from p2pgen.auth import derive_key
-from p2pgen.core import Command, GenerationMachine, Outcome
+from p2pgen.core import Activated, Command, GenerationMachine, Outcome, Register
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.consumer import JobState
-from p2pgen.raft.transport import KeepAliveTransport
+from p2pgen.raft.identity import NodeId, raft_addr_of
+from p2pgen.raft.syncobj import JobSyncObj
+from p2pgen.raft.trace import CHECKPOINT_EVERY, Trace
+from p2pgen.raft.transport import NodeTransport
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +62,14 @@ class RaftTiming:
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
 
-    def conf(self, bind: str, password: str) -> SyncObjConf:
+    def conf(self, bind: str | None, password: str, on_state_changed=None) -> SyncObjConf:
         return SyncObjConf(
             autoTick=False, appendEntriesPeriod=self.append_period,
             raftMinTimeout=self.election_min, raftMaxTimeout=self.election_max,
             connectionTimeout=max(1.0, self.election_max), connectionRetryTime=0.1,
             leaderFallbackTimeout=max(0.5, 3 * self.append_period), dynamicMembershipChange=True,
             bindAddress=bind, password=password, journalFile=None, fullDumpFile=None,
-            commandsWaitLeader=True,
+            commandsWaitLeader=True, onStateChanged=on_state_changed,
         )
 
 
@@ -68,10 +80,20 @@ class RaftView:
     version: int                      # Raft index of the last applied entry
     machine: GenerationMachine
     term: int
-    leader: str | None
+    leader: str | None                # node id of the leader, when heard from recently
     is_leader: bool
-    nodes: tuple[str, ...]            # every voter, this node included, sorted
+    nodes: tuple[str, ...]            # the voters' node ids (this node included when it is one), sorted
     ready: bool                       # this node has caught up with the log at least once
+    node_id: str | None = None        # this node's id; None for a non-voting member
+    removed: bool = False             # this voter applied its own removal: it no longer speaks for the job
+    log_hash: tuple[int, int, str] = (0, 0, "")            # (index, term, hex) after the last applied entry
+    checkpoints: tuple[tuple[int, int, str], ...] = ()     # recent (index, term, hex), every CHECKPOINT_EVERY
+    refusals: tuple[tuple[float, str, str], ...] = ()      # refusals received: (monotonic time, by node, reason)
+    refused: tuple[tuple[str, int], ...] = ()              # connections this node refused: (kind, count)
+
+    @property
+    def voter(self) -> bool:
+        return self.node_id is not None
 
 
 @dataclass
@@ -87,29 +109,40 @@ class _Request:
 
 
 class RaftNode:
-    def __init__(self, job: str, self_addr: str, others: list[str], secret: bytes,
-                 timing: RaftTiming = RaftTiming()) -> None:
+    """A voter (`node_id` given: `host:port/nonce`, listening on host:port) or, with `node_id=None`, a non-voting
+    member that dials the voters, receives the log and submits commands through the leader."""
+
+    def __init__(self, job: str, node_id: str | None, voters: list[str], secret: bytes,
+                 timing: RaftTiming = RaftTiming(), trace: Trace | None = None) -> None:
         self.job = job
-        self.self_addr = self_addr
+        self.node_id = node_id
         self.timing = timing
-        self._others = [o for o in others if o != self_addr]
+        self._voters = sorted(v for v in voters if v != node_id)
         self._password = derive_key(secret, job, "raft").hex()
         self._state = JobState(job)
+        self._trace = trace or Trace(None, "", "", "")
         self._inbox: queue.Queue[_Request] = queue.Queue()
         self._requests: dict[str, _Request] = {}
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"raft-{self_addr}", daemon=True)
+        name = node_id or "nonvoter"
+        self._thread = threading.Thread(target=self._run, name=f"raft-{name}", daemon=True)
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._removed = False
+        self._last_applied: tuple[int, int, str] = (0, 0, "")
+        self._checkpoints: deque[tuple[int, int, str]] = deque(maxlen=32)
+
+    def __repr__(self) -> str:
+        return f"RaftNode({self.node_id or 'non-voting member'})"
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, timeout: float = 5.0) -> None:
         self._thread.start()
         if not self._started.wait(timeout) or self._error:
-            raise RaftUnavailable(f"raft node {self.self_addr} failed to start: {self._error!r}")
+            raise RaftUnavailable(f"raft node {self!r} failed to start: {self._error!r}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -158,12 +191,15 @@ class RaftNode:
 
     def _run(self) -> None:
         try:
-            self._so = SyncObj(self.self_addr, self._others, conf=self.timing.conf(self.self_addr, self._password),
-                               consumers=[self._state], transportClass=KeepAliveTransport)
+            bind = raft_addr_of(self.node_id) if self.node_id else None
+            conf = self.timing.conf(bind, self._password, on_state_changed=self._on_state_changed)
+            self._so = JobSyncObj(self.node_id, self._voters, conf=conf, consumers=[self._state],
+                                  nodeClass=NodeId, transportClass=NodeTransport, on_applied=self._on_applied)
         except BaseException as e:
             self._error = e
             self._started.set()
             return
+        self._trace.record("node", self.node_id, voter=self.node_id is not None)
         self._started.set()
         try:
             while not self._stop.is_set():
@@ -171,15 +207,55 @@ class RaftNode:
                 self._drain_inbox()
                 self._drive_requests()
                 self._publish()
+                self._trace.maybe_flush()
         except Exception:
-            log.exception("raft node %s crashed", self.self_addr)
+            log.exception("raft node %r crashed", self)
         finally:
             self._so.destroy()
+            index, term, digest = self._last_applied
+            if index:
+                self._trace.record("applied", self.node_id, index=index, term=term, hash=digest)
+            self._trace.flush()
             for request in list(self._requests.values()):
                 request.future.set_exception(RaftUnavailable("raft node stopped"))
             self._requests.clear()
             with self._view_changed:
                 self._view_changed.notify_all()
+
+    # --- hooks called by SyncObj on this thread ------------------------------------------------------
+
+    def _on_state_changed(self, old: int, new: int) -> None:
+        if new == _RAFT_STATE.LEADER:
+            self._trace.record("leader", self.node_id, term=self._so.raftCurrentTerm)
+
+    def _on_applied(self, index: int, term: int, command: bytes, result: object) -> None:
+        digest = self._state.fold_entry(index, term, command)
+        self._last_applied = (index, term, digest)
+        if index % CHECKPOINT_EVERY == 0:
+            self._checkpoints.append(self._last_applied)
+            self._trace.record("applied", self.node_id, index=index, term=term, hash=digest)
+        kind = command[0] if command else None
+        if kind == _COMMAND_TYPE.MEMBERSHIP and self.node_id is not None:
+            change = so_pickle.loads(command[1:])
+            if change[0] == "rem" and change[1] == self.node_id:
+                self._removed = True
+                log.warning("raft node %s applied its own removal: it no longer speaks for the job", self.node_id)
+        elif kind == _COMMAND_TYPE.REGULAR and isinstance(result, Outcome) and result.ok:
+            self._trace_outcome(index, command, result)
+
+    def _trace_outcome(self, index: int, command: bytes, outcome: Outcome) -> None:
+        call = so_pickle.loads(command[1:])
+        args = call[1] if isinstance(call, tuple) and len(call) > 1 else ()
+        submitted = args[1] if len(args) > 1 else None
+        if isinstance(submitted, Register):
+            self._trace.record("register", self.node_id, index=index, peer_id=submitted.peer_id,
+                               incarnation=submitted.incarnation)
+        for effect in outcome.effects:
+            if isinstance(effect, Activated):
+                cert = effect.certificate
+                self._trace.record("activated", self.node_id, index=index, generation=cert.generation,
+                                   members=[[m.peer_id, m.incarnation] for m in cert.members],
+                                   revision=cert.frontier.revision, regressed_from=cert.regressed_from)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -231,7 +307,7 @@ class RaftNode:
     def _membership_already_done(self, request: _Request) -> bool:
         """A denied membership change whose effect is already in the configuration succeeded earlier
         (an earlier attempt committed, its answer was lost). A denied transfer is final."""
-        nodes = {n.address for n in self._so.otherNodes} | {self.self_addr}
+        nodes = {n.id for n in self._so.otherNodes} | {self.node_id}
         if request.kind == "add":
             return request.payload in nodes
         if request.kind == "remove":
@@ -247,17 +323,32 @@ class RaftNode:
 
     def _publish(self) -> None:
         so = self._so
-        leader = so._getLeader()
-        nodes = tuple(sorted({n.address for n in so.otherNodes} | {self.self_addr}))
-        leader_addr = leader.address if leader else None
-        status = (so.raftLastApplied, so.raftCurrentTerm, leader_addr, nodes, so.isReady())
+        leader = self._fresh_leader()
+        nodes = tuple(sorted({n.id for n in so.otherNodes} | ({self.node_id} if self.node_id else set())))
+        transport = so._SyncObj__transport
+        refusals = tuple(transport.refusals_received)
+        refused = tuple(sorted(transport.refused.items()))
+        status = (so.raftLastApplied, so.raftCurrentTerm, leader, nodes, so.isReady(), self._removed,
+                  refusals[-1:], refused)
         old = self._view
-        if old is not None and (old.version, old.term, old.leader, old.nodes, old.ready) == status:
+        if old is not None and (old.version, old.term, old.leader, old.nodes, old.ready, old.removed,
+                                old.refusals[-1:], old.refused) == status:
             return
         machine = copy.deepcopy(self._state.machine) if old is None or old.version != so.raftLastApplied \
             else old.machine
-        view = RaftView(so.raftLastApplied, machine, so.raftCurrentTerm, leader_addr, so._isLeader(), nodes,
-                        so.isReady())
+        view = RaftView(so.raftLastApplied, machine, so.raftCurrentTerm, leader, so._isLeader(), nodes,
+                        so.isReady(), self.node_id, self._removed, self._last_applied, tuple(self._checkpoints),
+                        refusals, refused)
         with self._view_changed:
             self._view = view
             self._view_changed.notify_all()
+
+    def _fresh_leader(self) -> str | None:
+        """The leader's node id, if this node heard from it within the election timeout (or is it)."""
+        so = self._so
+        if so._isLeader():
+            return self.node_id
+        leader = so._getLeader()
+        if leader is None or so_monotonic() > so._SyncObj__raftElectionDeadline + self.timing.election_max:
+            return None
+        return leader.id

@@ -1,33 +1,141 @@
-"""pysyncobj TCP transport with keep-alives.
+"""pysyncobj's TCP transport with a two-way node identity, refusals that say why, and keep-alives.
 
-Owns: a tiny message sent to every connected Raft node every `interval` seconds. Without it, idle
-follower-to-follower links hit `connectionTimeout` on their first send after a leader dies, the first
-vote request is lost and every failover needs a second election round (pitfall 1 in
-notes/pysyncobj.md). SyncObj ignores message types it does not know, so the keep-alive is inert.
+Owns: the handshake of every Raft connection and what is sent on idle ones.
+- Two-way identity (notes/pysyncobj.md, item 15). pysyncobj's dialer names itself and the listener is whoever
+  answers on the port. Here the listener answers with its own node id before anything else, and the dialer
+  accepts the connection only when that id is the node it meant to reach; so a new process at a dead node's
+  address (a different `host:port/nonce`, see `identity`) is never taken for the dead node.
+- Refusals. A dialer whose id is not in this node's configuration (removed, or its add has not reached this
+  node yet) and pysyncobj's unauthenticated admin commands (`add`, `remove`, ... as utility messages) are
+  refused with a message that says why, then disconnected, and counted in `refused`; a dialer keeps the
+  refusals it receives (`refusals_received`), so a node that was removed can learn it. Nothing a refused
+  connection sends reaches SyncObj.
+- Keep-alives. A tiny message to every verified connection every `keepalive_interval` s. Without it idle
+  follower-to-follower links hit `connectionTimeout` on their first send after a leader dies, the first vote
+  request is lost and every failover needs a second election round (item 1). SyncObj ignores unknown types.
+Invariant kept: a connection is handed to SyncObj (`_onNodeConnected`) only after both sides proved which node
+they are (the secret-derived Fernet key proves membership of the job; the id proves which node).
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter, deque
 
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+log = logging.getLogger(__name__)
+
 KEEPALIVE = {"type": "p2pgen_keepalive"}
+IDENTITY = "p2pgen_identity"
+REFUSED = "p2pgen_refused"
 
 
-class KeepAliveTransport(TCPTransport):
-    interval = 0.1
+class NodeTransport(TCPTransport):
+    keepalive_interval = 0.1
 
     def __init__(self, syncObj, selfNode, otherNodes):
         self._last_keepalive = 0.0
+        self._verified: set = set()                    # nodes whose connection finished the two-way handshake
+        self.refused: Counter[str] = Counter()        # connections this node refused, by kind
+        self.refusals_received: deque[tuple[float, str, str]] = deque(maxlen=32)   # (when, by node, reason)
         super().__init__(syncObj, selfNode, otherNodes)
+
+    @property
+    def self_id(self) -> str:
+        return "readonly" if self._selfIsReadonlyNode else self._selfNode.id
+
+    # --- listener side ----------------------------------------------------------------------------
+
+    def _onIncomingMessageReceived(self, conn, message):
+        if self._syncObj.encryptor and not conn.sendRandKey:
+            super()._onIncomingMessageReceived(conn, message)        # the key exchange
+            return
+        if isinstance(message, list):
+            self._refuse(conn, "admin", "pysyncobj admin commands are not accepted by p2pgen")
+            return
+        if not isinstance(message, str):
+            self._refuse(conn, "malformed", f"expected a node id, got a {type(message).__name__}")
+            return
+        if message != "readonly" and message not in self._nodeAddrToNode:
+            self._refuse(conn, "unknown", f"node {message} is not in the Raft configuration of {self.self_id} "
+                                          f"(it was removed, or its add has not reached this node yet)")
+            return
+        conn.send({"type": IDENTITY, "node": self.self_id})   # first message the dialer reads after the keys
+        super()._onIncomingMessageReceived(conn, message)
+        node = self._connToNode(conn)
+        if node is not None:
+            self._verified.add(node)
+
+    def _refuse(self, conn, kind: str, reason: str) -> None:
+        self.refused[kind] += 1
+        log.info("refused a Raft connection (%s): %s", kind, reason)
+        conn.send({"type": REFUSED, "node": self.self_id, "reason": reason})
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
+
+    # --- dialer side ------------------------------------------------------------------------------
+
+    def _shouldConnect(self, node):
+        """Never dial this node's own address: only an older, dead node can have had it (a node id is new per
+        process), and the dial would reach this node itself."""
+        if not self._selfIsReadonlyNode and (node.host, node.port) == (self._selfNode.host, self._selfNode.port):
+            return False
+        return super()._shouldConnect(node)
+
+    def _onOutgoingConnected(self, conn):
+        if self._syncObj.encryptor:
+            super()._onOutgoingConnected(conn)     # keys first; continues in _onOutgoingMessageReceived
+            return
+        self._sendSelfAddress(conn)
+        self._await_identity(conn)
+
+    def _onOutgoingMessageReceived(self, conn, message):
+        conn.sendRandKey = message
+        self._sendSelfAddress(conn)
+        self._await_identity(conn)
+
+    def _await_identity(self, conn) -> None:
+        conn.setOnMessageReceivedCallback(functools.partial(self._on_identity, conn))
+
+    def _on_identity(self, conn, message) -> None:
+        node = self._connToNode(conn)
+        kind = message.get("type") if isinstance(message, dict) else None
+        if node is not None and kind == IDENTITY and message.get("node") == node.id:
+            conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+            self._verified.add(node)
+            self._onNodeConnected(node)
+            return
+        if kind == REFUSED:
+            self.refusals_received.append((monotonic_time(), str(message.get("node")), str(message.get("reason"))))
+        else:
+            self.refused["identity"] += 1
+            log.info("dropped a Raft connection to %s: the listener there is %r, not that node",
+                     node, message.get("node") if kind == IDENTITY else message)
+        conn.disconnect()
+
+    def _onDisconnected(self, conn):
+        node = self._connToNode(conn)
+        if node is not None:
+            self._verified.discard(node)
+        super()._onDisconnected(conn)
+
+    def dropNode(self, node):
+        self._verified.discard(node)
+        super().dropNode(node)
+
+    # --- keep-alives ------------------------------------------------------------------------------
 
     def _onTick(self):
         super()._onTick()
         now = monotonic_time()
-        if now - self._last_keepalive < self.interval:
+        if now - self._last_keepalive < self.keepalive_interval:
             return
         self._last_keepalive = now
-        for node, conn in list(self._connections.items()):
-            if conn.state == CONNECTION_STATE.CONNECTED:
+        for node in list(self._verified):
+            conn = self._connections.get(node)
+            if conn is not None and conn.state == CONNECTION_STATE.CONNECTED:
                 conn.send(KEEPALIVE)

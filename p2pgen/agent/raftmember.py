@@ -1,0 +1,296 @@
+"""The agent's place in the job's Raft group: joining, promotion to voter, learning it was removed.
+
+Owns: the Raft node this agent reads and submits through (`node`: a voter or a non-voting member), a pending
+voter node while a promotion is under way, and every change between them. The rules (README, "Raft node
+identities and voters"):
+- Every Raft node this process starts has a new id `host:port/nonce` (`p2pgen.raft.identity`); no id is ever
+  used twice in a job, and a later process at the same address is a different node.
+- Agents started together with the same peer set form the job: the first `target_voters(n)` of them by
+  address start as voters with the ids they told each other (`hello`); the rest join like anyone else.
+- Any other agent joins through any live member as a non-voting member: it reads the voters from that member,
+  dials them and receives the log. Joining needs no Raft membership change; its member's `Register` is its
+  committed entry.
+- Only the leader's agent makes voters (`VoterManager`): it asks a caught-up non-voting member to start a voter
+  node under a fresh id (`prepare_voter`), then commits the add of exactly that id; once the new node has
+  caught up and the log shows the add, this agent switches to it and stops its non-voting node.
+- A voter that learns it was removed (it applied its own removal, or the others refuse it and a live member
+  confirms) goes back to being a non-voting member; it never speaks for the job under the old id again.
+Nothing here gives up on a transient loss: joining retries with backoff until a member answers, and says why
+it waits (`waiting`), in the log every few seconds and in `show`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from p2pgen.agent.rpc import RpcClient, split_addr
+from p2pgen.core.voters import target_voters
+from p2pgen.errors import AuthenticationError, P2PGenError
+from p2pgen.raft.identity import new_node_id, raft_addr_of
+from p2pgen.raft.node import RaftNode, RaftTiming, RaftView
+from p2pgen.raft.trace import Trace
+
+log = logging.getLogger(__name__)
+
+PENDING_VOTER_TIMEOUT_S = 10.0     # a prepared voter whose add has not committed by then is abandoned
+NONVOTER_SYNC_TIMEOUT_S = 5.0      # a non-voting node that found no leader by then is rebuilt from fresh hellos
+WAITING_LOG_EVERY_S = 5.0
+BACKOFF_MAX_S = 2.0
+
+
+class JoinError(P2PGenError):
+    """The agent cannot join and retrying will not help (a wrong secret); the message says what to do."""
+
+
+def control_addr_of(node_id: str) -> str:
+    """The control address of the agent that runs `node_id` (its Raft port is the control port + 1)."""
+    host, port = split_addr(raft_addr_of(node_id))
+    return f"{host}:{port - 1}"
+
+
+@dataclass(frozen=True)
+class Hello:
+    """One member's answer to `hello`."""
+
+    addr: str
+    mode: str                       # "running" | "forming" | "joining"
+    cluster: tuple[str, ...]
+    node: str                       # its voter id (forming: the id it will form with), "" if none
+    voters: tuple[str, ...]         # running: the voters it knows, with a leader heard recently
+
+    @staticmethod
+    def parse(addr: str, raw: dict) -> "Hello":
+        return Hello(addr, raw["mode"], tuple(raw.get("cluster", ())), raw.get("node") or "",
+                     tuple(raw.get("voters", ())))
+
+
+class RaftMembership:
+    def __init__(self, job: str, addr: str, peers: list[str], secret: bytes, timing: RaftTiming, trace: Trace,
+                 stopping: Callable[[], bool]) -> None:
+        self.job, self.addr, self.secret, self.timing, self.trace = job, addr, secret, timing, trace
+        self.peers = [p for p in peers if p != addr]
+        self.cluster = tuple(sorted({addr, *self.peers}))
+        self.raft_addr = f"{split_addr(addr)[0]}:{split_addr(addr)[1] + 1}"
+        self.formation_id = new_node_id(self.raft_addr)    # the id this agent forms the job with, if it does
+        self._stopping = stopping
+        self._lock = threading.Lock()                     # guards node / pending switches
+        self.node: RaftNode | None = None
+        self._pending: RaftNode | None = None
+        self._pending_since = 0.0
+        self.waiting: str | None = "joining the job"
+        self._last_waiting_log = 0.0
+
+    # --- what others see ---------------------------------------------------------------------------
+
+    def view(self) -> RaftView | None:
+        node = self.node
+        return node.view() if node is not None else None
+
+    def announced_node(self) -> str:
+        """The voter id this agent runs (or is about to run, while promoted), "" for a non-voting member."""
+        pending, node = self._pending, self.node
+        if pending is not None:
+            return pending.node_id
+        return node.node_id if node is not None and node.node_id else ""
+
+    def caught_up(self) -> bool:
+        view = self.view()
+        return view is not None and view.ready and view.leader is not None and not view.removed
+
+    def hello(self) -> dict:
+        view = self.view()
+        if view is not None and view.leader is not None and not view.removed:
+            return {"mode": "running", "cluster": list(self.cluster), "node": view.node_id or "",
+                    "voters": list(view.nodes), "leader": view.leader}
+        mode = "forming" if self.node is None else "joining"
+        return {"mode": mode, "cluster": list(self.cluster), "node": self.formation_id if self.node is None else "",
+                "voters": []}
+
+    # --- joining -----------------------------------------------------------------------------------
+
+    def join(self, known_agents: tuple[str, ...] = ()) -> None:
+        """Block until this agent runs a Raft node that caught up with a leader (or the agent is stopping)."""
+        backoff = 0.1
+        while not self._stopping():
+            if not self.peers and not known_agents and self.node is None:
+                if self._launch(self.formation_id, [], "started a new job: first voter"):
+                    return
+            else:
+                hellos = self._ask_hello(list(dict.fromkeys(self.peers + list(known_agents))))
+                if self._join_from(hellos):
+                    return
+            time.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _join_from(self, hellos: list[Hello]) -> bool:
+        running = [h for h in hellos if h.mode == "running" and h.voters]
+        for h in running:
+            if self.formation_id in h.voters and self.node is None:
+                return self._launch(self.formation_id, list(h.voters), f"formed the job (voters from {h.addr})")
+        for h in running:
+            if self._launch(None, list(h.voters), f"joined as a non-voting member through {h.addr}"):
+                return True
+        if self.node is None:
+            formed = self._formation(hellos)
+            if formed is not None:
+                return self._launch(self.formation_id, formed, "formed the job with its peers")
+        answered = ", ".join(f"{h.addr} ({h.mode})" for h in hellos) or "none"
+        self._wait(f"waiting for a live member of job {self.job!r}: asked {', '.join(self.peers) or 'nobody'}; "
+                   f"answers: {answered}")
+        return False
+
+    def _formation(self, hellos: list[Hello]) -> list[str] | None:
+        """The voters' ids when every agent of our initial cluster answered `forming` with the same cluster
+        and this agent is one of the first `target_voters(n)` of them; else None."""
+        forming = {h.addr: h for h in hellos if h.mode == "forming" and h.cluster == self.cluster}
+        if set(forming) != set(self.cluster) - {self.addr}:
+            return None
+        initial = self.cluster[:target_voters(len(self.cluster))]
+        if self.addr not in initial:
+            return None
+        return [self.formation_id if a == self.addr else forming[a].node for a in initial]
+
+    def _ask_hello(self, addrs: list[str]) -> list[Hello]:
+        hellos = []
+        for peer in addrs:
+            if peer == self.addr:
+                continue
+            try:
+                with RpcClient(peer, self.secret, timeout=1.0, expect_job=self.job) as client:
+                    hellos.append(Hello.parse(peer, client.call("hello")))
+            except AuthenticationError as e:
+                raise JoinError(f"{e}. Start this agent with the job's --secret-file.") from e
+            except (OSError, P2PGenError, KeyError, TypeError) as e:
+                log.debug("hello to %s failed: %s", peer, e)
+        return hellos
+
+    def _launch(self, node_id: str | None, voters: list[str], why: str) -> bool:
+        """Start a node and wait until it caught up with a leader; True when it did (it is then `node`)."""
+        node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace)
+        try:
+            node.start()
+        except P2PGenError as e:
+            self._wait(f"could not start a Raft node: {e}")
+            return False
+        timeout = NONVOTER_SYNC_TIMEOUT_S if node_id is None else 3 * NONVOTER_SYNC_TIMEOUT_S
+        if node.wait_view(lambda v: v.ready and v.leader is not None, timeout) is None:
+            node.stop()
+            self._wait(f"a Raft node with voters {', '.join(voters) or '(none)'} found no leader within "
+                       f"{timeout:.0f} s; asking the members again")
+            return False
+        with self._lock:
+            old, self.node = self.node, node
+        if old is not None:
+            old.stop()
+        self.waiting = None
+        kind = f"voter {node_id}" if node_id else "non-voting member"
+        log.info("%s: Raft %s in sync (voters %s)", why, kind, ", ".join(node.view().nodes))
+        return True
+
+    def _wait(self, why: str) -> None:
+        self.waiting = why
+        now = time.monotonic()
+        if now - self._last_waiting_log >= WAITING_LOG_EVERY_S:
+            self._last_waiting_log = now
+            log.warning("%s", why)
+
+    # --- promotion (asked by the leader's agent) ---------------------------------------------------
+
+    def prepare_voter(self, voters: list[str]) -> str:
+        """Start a voter node under a fresh id, to be added by the leader; returns the id. Idempotent while
+        one is pending."""
+        with self._lock:
+            if self.node is not None and self.node.node_id:
+                return self.node.node_id
+            if self._pending is not None:
+                return self._pending.node_id
+            if self.node is None or not self.caught_up():
+                raise P2PGenError(f"agent {self.addr} is not caught up with the job: it cannot become a voter now")
+            pending = RaftNode(self.job, new_node_id(self.raft_addr), voters, self.secret, self.timing, self.trace)
+            pending.start()
+            self._pending, self._pending_since = pending, time.monotonic()
+        log.info("prepared voter %s for promotion", pending.node_id)
+        return pending.node_id
+
+    def abandon_voter(self, node_id: str) -> None:
+        with self._lock:
+            pending = self._pending
+            if pending is None or pending.node_id != node_id:
+                return
+            self._pending = None
+        pending.stop()
+        log.info("abandoned voter %s (its add did not commit)", node_id)
+
+    def settle_pending(self) -> None:
+        """Switch to the pending voter once the log shows its add and it caught up; abandon it when the add
+        never came."""
+        pending, node = self._pending, self.node
+        if pending is None or node is None:
+            return
+        view, mine = node.view(), pending.view()
+        added = view is not None and pending.node_id in view.nodes
+        if added and mine is not None and mine.ready and mine.leader is not None:
+            with self._lock:
+                if self._pending is not pending:
+                    return
+                old, self.node, self._pending = self.node, pending, None
+            old.stop()
+            log.info("promoted to voter %s (voters %s)", pending.node_id, ", ".join(mine.nodes))
+        elif not added and time.monotonic() - self._pending_since > PENDING_VOTER_TIMEOUT_S:
+            self.abandon_voter(pending.node_id)
+
+    # --- removal -----------------------------------------------------------------------------------
+
+    def removed_reason(self) -> str | None:
+        """Why this agent's voter is no longer one, if it can tell from its own node (its own removal applied,
+        or refusals from the others), else None."""
+        view = self.view()
+        if view is None or not view.voter:
+            return None
+        if view.removed:
+            return f"voter {view.node_id} applied its own removal"
+        recent = [r for r in view.refusals if time.monotonic() - r[0] < 2.0]
+        if recent and view.leader is None:
+            return f"voter {view.node_id} is refused by {recent[-1][1]}: {recent[-1][2]}"
+        return None
+
+    def confirm_not_voter(self, candidates: tuple[str, ...]) -> bool | None:
+        """Ask live members (that know a leader) whether our node is still a voter. True: it is not; False: it
+        is; None: nobody could tell."""
+        node_id = self.node.node_id if self.node is not None else None
+        if node_id is None:
+            return None
+        for peer in candidates:
+            if peer == self.addr:
+                continue
+            try:
+                with RpcClient(peer, self.secret, timeout=0.5, expect_job=self.job) as client:
+                    answer = client.call("membership", node=node_id)
+            except (OSError, P2PGenError):
+                continue
+            if answer.get("leader"):
+                return not answer["voter"]
+        return None
+
+    def rejoin_as_nonvoter(self, why: str, known_agents: tuple[str, ...]) -> None:
+        """Drop the current node (its id is never used again) and join again as a non-voting member."""
+        log.warning("%s: rejoining as a non-voting member under a new identity", why)
+        with self._lock:
+            old, self.node = self.node, None
+            pending, self._pending = self._pending, None
+        for n in (old, pending):
+            if n is not None:
+                n.stop()
+        self.waiting = why
+        self.join(known_agents)
+
+    def stop(self) -> None:
+        with self._lock:
+            nodes, self.node, self._pending = (self.node, self._pending), None, None
+        for n in nodes:
+            if n is not None:
+                n.stop()

@@ -1,0 +1,81 @@
+"""Who votes in the job's Raft group: the pure decision the leader's agent acts on, one change at a time.
+
+Owns: the voter-count rule (`target_voters`) and `plan_voters`, a function of what the leader's agent knows (the
+voters in the configuration, the agents it hears, which voters are old enough to judge) that returns one
+decision with its reason. No I/O, no clock: the agent passes everything in.
+
+Rules, in order:
+1. A voter whose agent is unreachable, or whose agent now announces another Raft node (a new process at that
+   address, or the same agent under a new identity after it was cut off), is dead: remove it, first thing.
+   The leader never removes itself (it transfers leadership and removes itself when it leaves), and a voter
+   is judged only once it has been in the configuration for a grace period (its agent may not have announced
+   it yet).
+2. While there are fewer voters than `target_voters(live agents)`, promote an eligible non-voting member (one
+   at a time; the agent adds its fresh node id by a committed Raft add).
+3. Never more than `MAX_VOTERS`; live voters are never demoted to reach a smaller target (a removal is a risk
+   of its own, and a larger odd-or-even set tolerates as many losses).
+Invariants kept: at most one change per decision; a removal names exactly one node id, never an address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_VOTERS = 5
+
+
+def target_voters(agents: int) -> int:
+    """The largest odd number <= min(agents, MAX_VOTERS), at least 1: 1 agent -> 1, 2 -> 1, 3-4 -> 3, 5+ -> 5.
+    An even count tolerates no more losses than the odd count below it (notes/pysyncobj.md, item 18)."""
+    n = max(1, min(agents, MAX_VOTERS))
+    return n if n % 2 else n - 1
+
+
+@dataclass(frozen=True)
+class Voter:
+    node: str                   # Raft node id host:port/nonce
+    agent: str                  # control address of the agent that runs it
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """What the leader's agent knows of one agent (from its heartbeats, or of itself)."""
+
+    addr: str                   # control address
+    node: str                   # voter node id it announces, "" for a non-voting member
+    eligible: bool              # caught-up non-voting member, not leaving: may be promoted
+
+
+@dataclass(frozen=True)
+class VoterDecision:
+    action: str                 # "remove" | "promote" | "keep"
+    target: str                 # node id to remove, agent address to promote, "" to keep
+    reason: str
+
+
+def plan_voters(voters: tuple[Voter, ...], leader: str, live: tuple[AgentStatus, ...],
+                judged: frozenset[str], held_back: frozenset[str] = frozenset()) -> VoterDecision:
+    """One decision for the leader `leader` (a node id). `live`: the agents currently heard (the leader's own
+    included); `judged`: voter ids in the configuration long enough to be judged; `held_back`: agent addresses
+    not to promote now (a recent promotion of theirs failed)."""
+    by_addr = {a.addr: a for a in live}
+    for voter in sorted(voters, key=lambda v: v.node):
+        if voter.node == leader or voter.node not in judged:
+            continue
+        agent = by_addr.get(voter.agent)
+        if agent is None:
+            return VoterDecision("remove", voter.node, f"voter {voter.node}: its agent {voter.agent} is unreachable")
+        if agent.node != voter.node:
+            now_runs = f"runs voter {agent.node}" if agent.node else "is a non-voting member"
+            return VoterDecision("remove", voter.node, f"voter {voter.node}: its agent {voter.agent} now {now_runs} "
+                                                       "(a new process, or a new identity)")
+    target = target_voters(len(live))
+    if len(voters) >= target:
+        return VoterDecision("keep", "", f"{len(voters)} voter(s) for {len(live)} live agent(s) (target {target})")
+    voter_agents = {v.agent for v in voters}
+    candidates = sorted(a.addr for a in live
+                        if a.eligible and not a.node and a.addr not in voter_agents and a.addr not in held_back)
+    if not candidates:
+        return VoterDecision("keep", "", f"{len(voters)} voter(s), target {target}: no eligible non-voting member")
+    return VoterDecision("promote", candidates[0], f"{len(voters)} voter(s) for {len(live)} live agent(s) "
+                                                   f"(target {target}): promote {candidates[0]}")

@@ -1,0 +1,103 @@
+"""`JobSyncObj`: pysyncobj 0.3.17's SyncObj with Raft's log rules restored and every applied entry observed.
+
+Owns three narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
+
+1. Follower: `SyncObj.__onMessageReceived`, branch `append_entries` with `prevLogIdx`, deletes every entry after
+   `prevLogIdx` whenever its log is longer (`if len(prevEntries) > 1: ... self.__deleteEntriesFrom(prevLogIdx
+   + 1)`), without comparing terms, and then bounds its commit index by its (now shorter) log. A batch sent again
+   (see 2) so truncates entries that were already applied (`CRITICAL truncating already-applied log entries`).
+   Raft's rule (Figure 2, AppendEntries step 3-4): delete only from the first entry whose term conflicts with a
+   new one, append the entries not already in the log, and commit at most up to the last new entry. Here the
+   entries already held with the same term are skipped before pysyncobj sees the message; when nothing new is
+   left, the message is answered like a heartbeat whose commit index is bounded by the last entry it carried.
+2. Leader: the `next_node_idx` branch sets `nextIndex` from every successful ack, so an ack for an early batch,
+   arriving after later batches were sent, moves `nextIndex` backwards and those batches go out again. Here a
+   successful ack never moves it backwards (a failed or reset ack still does, which is how Raft backs off).
+3. Elections: `__connectedToAnyone` counts non-voting members too, so a voter that no other voter accepts (a
+   joiner whose add has not committed, a removed node) but that a non-voting member reached runs elections and
+   bumps its term, which later disrupts the leader. Here only connected voters count.
+4. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
+   command, result)`, which the RaftNode uses for the running hash of its log and its trace.
+Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
+backwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pysyncobj import SyncObj
+
+OnApplied = Callable[[int, int, bytes, Any], None]
+
+
+class JobSyncObj(SyncObj):
+    def __init__(self, *args: Any, on_applied: OnApplied, **kwargs: Any) -> None:
+        self._on_applied = on_applied
+        super().__init__(*args, **kwargs)
+
+    # --- 1 and 2: the message handler ---------------------------------------------------------------
+
+    def _SyncObj__onMessageReceived(self, node, message):     # overrides SyncObj.__onMessageReceived
+        if not isinstance(message, dict) or "type" not in message:
+            return
+        kind = message["type"]
+        if kind == "append_entries" and self._is_plain_append(message):
+            self._on_append(node, message)
+        elif kind == "next_node_idx" and message.get("success") and not message.get("reset"):
+            before = self._SyncObj__raftNextIndex.get(node)
+            super()._SyncObj__onMessageReceived(node, message)
+            after = self._SyncObj__raftNextIndex.get(node)
+            if before is not None and after is not None and after < before:
+                self._SyncObj__raftNextIndex[node] = before
+        else:
+            super()._SyncObj__onMessageReceived(node, message)
+
+    def _is_plain_append(self, message: dict) -> bool:
+        return ("prevLogIdx" in message and message.get("transmission") is None
+                and message["term"] >= self._SyncObj__raftCurrentTerm)
+
+    def _on_append(self, node, message: dict) -> None:
+        """Pass on only the entries this log does not hold yet with the same term (see 1 above)."""
+        handle = super()._SyncObj__onMessageReceived
+        entries = message.get("entries", [])
+        if not self._holds(message["prevLogIdx"], message["prevLogTerm"]):
+            handle(node, message)                  # pysyncobj answers the mismatch and the leader backs off
+            return
+        held = 0
+        while held < len(entries) and self._holds(entries[held][1], entries[held][2]):
+            held += 1
+        if held < len(entries):
+            if held:
+                message = dict(message, entries=entries[held:], prevLogIdx=entries[held - 1][1],
+                               prevLogTerm=entries[held - 1][2])
+            handle(node, message)                  # truncates only from a real conflict at prevLogIdx + 1
+            return
+        last = entries[-1][1] if entries else message["prevLogIdx"]
+        if not entries and self._SyncObj__getCurrentLogIndex() == last:
+            handle(node, message)                  # a heartbeat at the end of the log: nothing to protect
+            return
+        # Everything is held: leader, term and commit index go through pysyncobj's heartbeat path, with the
+        # commit bounded by the last entry the leader vouched for; then acknowledge exactly that much.
+        heartbeat = {k: v for k, v in message.items() if k not in ("entries", "prevLogIdx", "prevLogTerm")}
+        heartbeat["commit_index"] = min(message["commit_index"], last)
+        handle(node, heartbeat)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last + 1, success=True)
+
+    def _holds(self, index: int, term: int) -> bool:
+        entries = self._SyncObj__getEntries(index, 1)
+        return bool(entries) and entries[0][1] == index and entries[0][2] == term
+
+    def _SyncObj__connectedToAnyone(self):                  # overrides SyncObj.__connectedToAnyone
+        others = self.otherNodes
+        return not others or any(self.isNodeConnected(node) for node in others)
+
+    # --- 4: observing applied entries ---------------------------------------------------------------
+
+    def _SyncObj__doApplyCommand(self, command):              # overrides SyncObj.__doApplyCommand
+        index = self.raftLastApplied + 1
+        entries = self._SyncObj__getEntries(index, 1)
+        term = entries[0][2] if entries else 0
+        result = super()._SyncObj__doApplyCommand(command)
+        self._on_applied(index, term, command, result)
+        return result
