@@ -61,6 +61,15 @@ def port_of(control_addr: str, role: str) -> str:
     return f"{host}:{port + PORT_OFFSETS[role]}"
 
 
+def raft_trace_dir(flag: str) -> str:
+    """Where the agent writes its Raft trace: --trace-dir, else $P2PGEN_TRACE_DIR/raft (the applications' own
+    traces live in $P2PGEN_TRACE_DIR itself), else nowhere."""
+    if flag:
+        return flag
+    shared = os.environ.get(ENV_DIR, "")
+    return os.path.join(shared, "raft") if shared else ""
+
+
 @dataclass
 class AgentConfig:
     job: str
@@ -77,7 +86,7 @@ class AgentConfig:
     retire_wait: float = 5.0                      # max wait for the dead incarnation's generation to retire
     channel_dir: str = ""                         # consumption logs of this peer's channels (kept across incarnations)
     attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
-    trace_dir: str = ""                           # Raft safety trace (default: $P2PGEN_TRACE_DIR, else none)
+    trace_dir: str = ""                           # Raft safety trace (default: $P2PGEN_TRACE_DIR/raft, else none)
 
 
 @dataclass
@@ -96,7 +105,7 @@ class Agent:
             config.channel_dir = os.path.join(tempfile.gettempdir(), f"p2pgen-{config.job}-{safe}-channels")
         self.addr = config.listen
         self.instance = secrets.token_hex(4)
-        self.trace = Trace(config.trace_dir or os.environ.get(ENV_DIR, ""), config.peer_id, self.addr, self.instance)
+        self.trace = Trace(raft_trace_dir(config.trace_dir), config.peer_id, self.addr, self.instance)
         self._leave_requested = threading.Event()
         self.membership = RaftMembership(config.job, self.addr, config.peers, config.secret, config.raft, self.trace,
                                          stopping=self._leave_requested.is_set)

@@ -38,7 +38,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
                                                                  "members registered (same value on every agent)")
     join.add_argument("--trace-dir", default="", metavar="DIR",
-                      help="append this agent's Raft safety trace to DIR (default: $P2PGEN_TRACE_DIR; read by "
+                      help="append this agent's Raft safety trace to DIR (default: $P2PGEN_TRACE_DIR/raft; read by "
                            "`p2pgen.raft.checker`, `p2pgen stress` and `p2pgen chaos`)")
     join.add_argument("--attach-grace", type=float, default=float("inf"), metavar="S",
                       help="seconds after which the agent votes for a COMMAND that has not attached (p2pgen.join) "

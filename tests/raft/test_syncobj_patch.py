@@ -1,0 +1,123 @@
+"""The corrections in `p2pgen.raft.syncobj` against the pinned pysyncobj, message by message.
+
+A follower (or leader) SyncObj is built but never ticked (no socket is bound); the test delivers Raft messages to
+its message handler directly, as the transport would, and reads its log. Each scenario runs on plain pysyncobj
+first, to show the wrong behaviour is real, then on `JobSyncObj`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from pysyncobj import SyncObj
+from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
+
+from p2pgen.raft.identity import NodeId
+from p2pgen.raft.node import RaftTiming
+from p2pgen.raft.syncobj import JobSyncObj
+from p2pgen.raft.transport import NodeTransport
+from p2pgen.testing.agents import free_control_ports
+
+pytestmark = pytest.mark.timeout(30)
+
+NOOP = bytes([_COMMAND_TYPE.NO_OP])
+FOLLOWER, LEADER, OTHER = (f"127.0.0.1:{p + 1}/{n}" for p, n in zip(free_control_ports(3), ("f0", "1e", "07")))
+MADE = []
+
+
+@pytest.fixture(autouse=True)
+def destroy_made():
+    yield
+    while MADE:
+        MADE.pop()._doDestroy()          # unbinds the server socket
+
+
+def make(cls, self_id=FOLLOWER, others=(LEADER, OTHER)):
+    conf = RaftTiming().conf(self_id.split("/")[0], "password-for-a-test")
+    kwargs = {"on_applied": lambda *a: None} if cls is JobSyncObj else {}
+    so = cls(self_id, list(others), conf=conf, consumers=[], nodeClass=NodeId, transportClass=NodeTransport, **kwargs)
+    MADE.append(so)
+    sent = []
+    so._SyncObj__transport.send = lambda node, message: sent.append((node.id, message)) or True
+    return so, sent
+
+
+def deliver(so, message, sender=LEADER):
+    so._SyncObj__onMessageReceived(NodeId(sender), message)
+
+
+def append(term, prev, entries, commit):
+    """An append_entries from the leader: entries are (index, term) pairs of no-op entries."""
+    return {"type": "append_entries", "term": term, "commit_index": commit, "prevLogIdx": prev[0],
+            "prevLogTerm": prev[1], "entries": [(NOOP, i, t) for i, t in entries]}
+
+
+def log_of(so):
+    return [(e[1], e[2]) for e in so._SyncObj__getEntries(1)]
+
+
+def apply(so):
+    so._SyncObj__applyLogEntries()
+
+
+def caught_up_follower(cls):
+    """A follower that holds and applied entries 2..11 of term 1 (the leader's first 10 entries)."""
+    so, sent = make(cls)
+    deliver(so, append(1, (1, 0), [(i, 1) for i in range(2, 12)], commit=11))
+    apply(so)
+    assert so.raftLastApplied == 11 and log_of(so)[-1] == (11, 1)
+    return so, sent
+
+
+@pytest.mark.parametrize("cls", [SyncObj, JobSyncObj])
+def test_a_batch_sent_again_truncates_applied_entries_only_in_plain_pysyncobj(cls, caplog):
+    so, sent = caught_up_follower(cls)
+    with caplog.at_level(logging.CRITICAL, logger="pysyncobj"):
+        deliver(so, append(1, (5, 1), [(6, 1), (7, 1), (8, 1)], commit=11))    # an early batch, sent again
+    truncated = "truncating already-applied log entries" in caplog.text
+    if cls is SyncObj:
+        assert truncated and log_of(so)[-1] == (8, 1)          # entries 9..11 were applied, and are gone
+    else:
+        assert not truncated and log_of(so)[-1] == (11, 1)      # Raft: nothing conflicts, nothing is deleted
+        assert so._SyncObj__raftCommitIndex == 11
+        assert sent[-1][1] == {"type": "next_node_idx", "next_node_idx": 9, "reset": False, "success": True}
+
+
+@pytest.mark.parametrize("cls", [SyncObj, JobSyncObj])
+def test_a_partly_new_batch_keeps_the_held_prefix(cls, caplog):
+    so, _ = caught_up_follower(cls)
+    with caplog.at_level(logging.CRITICAL, logger="pysyncobj"):
+        deliver(so, append(1, (9, 1), [(10, 1), (11, 1), (12, 1), (13, 1)], commit=13))
+    assert ("truncating already-applied" in caplog.text) == (cls is SyncObj)
+    assert log_of(so)[-1] == (13, 1) and len(log_of(so)) == 13
+
+
+def test_a_real_conflict_is_still_truncated_from_the_first_conflicting_entry():
+    so, sent = make(JobSyncObj)
+    deliver(so, append(1, (1, 0), [(i, 1) for i in range(2, 12)], commit=5))   # 6..11 never committed
+    apply(so)
+    deliver(so, append(2, (5, 1), [(6, 2), (7, 2)], commit=7))                 # a new leader's entries
+    assert log_of(so)[5:] == [(6, 2), (7, 2)]
+    assert sent[-1][1]["success"] and sent[-1][1]["next_node_idx"] == 8
+
+
+def test_a_mismatch_at_prev_is_refused_so_the_leader_backs_off():
+    so, sent = make(JobSyncObj)
+    deliver(so, append(1, (4, 1), [(5, 1)], commit=5))                          # it holds nothing at 4
+    assert log_of(so) == [(1, 0)]
+    assert sent[-1][1]["success"] is False and sent[-1][1]["reset"] is True
+
+
+@pytest.mark.parametrize("cls", [SyncObj, JobSyncObj])
+def test_a_late_success_ack_moves_next_index_back_only_in_plain_pysyncobj(cls):
+    so, _ = make(cls, self_id=LEADER, others=(FOLLOWER, OTHER))
+    follower = NodeId(FOLLOWER)
+    so._SyncObj__raftState = _RAFT_STATE.LEADER
+    so._SyncObj__raftNextIndex[follower] = 40          # batches up to 39 already sent
+    so._SyncObj__raftMatchIndex[follower] = 0
+    deliver(so, {"type": "next_node_idx", "next_node_idx": 20, "reset": False, "success": True}, sender=FOLLOWER)
+    assert so._SyncObj__raftMatchIndex[follower] == 19
+    assert so._SyncObj__raftNextIndex[follower] == (20 if cls is SyncObj else 40)
+    deliver(so, {"type": "next_node_idx", "next_node_idx": 12, "reset": True, "success": False}, sender=FOLLOWER)
+    assert so._SyncObj__raftNextIndex[follower] == 12  # a refusal still backs off
