@@ -125,6 +125,8 @@ class Agent:
         self._leaderless_since: float | None = None
         self._last_membership_check = 0.0
         self._configured = config.min_members <= 1
+        self._agents: set[str] = set()            # heartbeat targets (see _heartbeat_targets)
+        self._agents_lock = threading.Lock()
         host, port = split_addr(self.addr)
         self.rpc = RpcServer(host, port, config.job, config.secret, self._handlers())
         self.heartbeats = HeartbeatRunner(host, port, derive_key(config.secret, config.job, "heartbeat"),
@@ -192,7 +194,7 @@ class Agent:
 
     def _try_register(self) -> None:
         incarnation = self._to_register
-        if incarnation is None:
+        if incarnation is None or not self._app_ready_to_register():
             return
         if not self._configured:
             self._configured = self._submit(Configure(self.config.min_members, at=time.time()), "configure") \
@@ -211,6 +213,15 @@ class Agent:
             return
         self.incarnation = incarnation
         log.info("registered %s#%d", self.config.peer_id, incarnation)
+
+    def _app_ready_to_register(self) -> bool:
+        """An application becomes a member once it attached (`p2pgen.join()`, after its imports and setup), or
+        once the attach grace is over for one that does not speak p2pgen. Until then the others keep forming
+        generations without it, instead of waiting in every proposal for a process still starting up."""
+        app = self.app
+        if app is None or app.incarnation != self._to_register or self.app_attached:
+            return True
+        return time.monotonic() - app.started >= self.config.attach_grace
 
     def _submit(self, command: Command, what: str) -> Outcome | None:
         """Submit within one driver turn; None (and the reason in `waiting`) when no quorum answered in time."""
@@ -447,8 +458,17 @@ class Agent:
     # --- heartbeats ----------------------------------------------------------------------------------
 
     def _heartbeat_targets(self) -> set[str]:
+        """Every agent of the job: the voters' and the members' agents, and any agent heard as one of them
+        before and not suspected since (an agent between two incarnations of its member stays a target)."""
         view = self.membership.view()
-        return set(self._known_agents(view)) if view else set()
+        current = set(self._known_agents(view)) if view else set()
+        with self._agents_lock:
+            self._agents = (self._agents - self.heartbeats.suspected()) | current
+            return set(self._agents)
+
+    def live_agents(self) -> list[str]:
+        """Control addresses of the agents this one currently hears, itself included."""
+        return sorted(set(self.heartbeats.heard()) | {self.addr})
 
     def _announce(self) -> Announcement:
         view = self.membership.view()
@@ -496,7 +516,7 @@ class Agent:
             "raft": {"term": view.term, "index": view.version, "leader": view.leader,
                      "leader_agent": control_addr_of(view.leader) if view.leader else None,
                      "nodes": list(view.nodes), "self": view.node_id, "voter": view.voter,
-                     "voters": voters, "nonvoters": nonvoters,
+                     "voters": voters, "nonvoters": nonvoters, "agents": self.live_agents(),
                      "hash": [list(c) for c in view.checkpoints[-8:]] + [list(view.log_hash)],
                      "refused": dict(view.refused),
                      "voter_decision": decision.reason if decision and view.is_leader else None},
@@ -527,6 +547,7 @@ class Agent:
             raise ValueError(f"incarnation {params.get('incarnation')} is not this agent's current application "
                              f"({app.incarnation if app else 'none'}): a stale process must exit (I3)")
         self.app_attached = True
+        self._events.put(("attached",))           # wakes the driver: it registers the member now
         voted = self._voted is not None and self._voted[1] == app.incarnation
         return {"peer_id": self.config.peer_id, "incarnation": app.incarnation, "agent_voted": voted}
 

@@ -81,8 +81,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 # --- 1. membership ----------------------------------------------------------------------------------
 
 def _leader_agent(cluster: Cluster, show: dict[str, Any]):
-    port = int(show["raft"]["leader"].rsplit(":", 1)[1]) - 1
-    return next(a for a in cluster.agents.values() if a.alive() and a.addr.endswith(f":{port}"))
+    return next(a for a in cluster.agents.values() if a.alive() and a.addr == show["raft"]["leader_agent"])
 
 
 def _without(peer: str, inc: int):

@@ -83,14 +83,14 @@ class RestartAllPeer(ChaosPeer):
         super()._enter_next_generation()
 
     def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
-        """Rendezvous: vote once the proposal holds a process of every live agent (Raft node)."""
+        """Rendezvous: vote once the proposal holds a process of every live agent."""
         deadline = time.monotonic() + RENDEZVOUS_S
         while time.monotonic() < deadline:
             view = self._wait_view(0.1)
             latest = view["state"]["pending"]
             if latest is None or latest["generation"] != pending["generation"]:
                 return                             # superseded: the step loop votes for the newer proposal
-            if len(latest["members"]) >= len(view["raft"]["nodes"]):
+            if len(latest["members"]) >= len(view["raft"]["agents"]):
                 break
         super()._vote_ready(pending, quiescence, seq)
 

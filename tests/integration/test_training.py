@@ -23,7 +23,7 @@ from tests.integration.apps.exact_train import reference
 pytestmark = pytest.mark.timeout(180)
 
 APP = [sys.executable, str(Path(__file__).parent / "apps" / "exact_train.py")]
-STEPS = 40
+STEPS = 120     # long enough (0.05 s a step) for both killed peers and the joiner to be back before the end
 
 
 def read_traces(trace_dir: Path) -> dict[str, list[dict]]:
@@ -51,8 +51,9 @@ def test_training_survives_kills_and_a_join_and_equals_the_serial_history(cluste
     for i, addr in enumerate(members):
         cluster.start(f"p{i}", addr, [a for a in members if a != addr], command=APP,
                       extra=("--min-members=4", "--attach-grace=60"))
-    cluster.wait_until(lambda: len(list(markers.iterdir())) == 2, 90, "both faults firing")
+    cluster.wait_until(lambda: len(list(markers.iterdir())) >= 1, 90, "the first fault firing")
     cluster.start("p4", addrs[4], [members[3]], command=APP, extra=("--attach-grace=60",))
+    cluster.wait_until(lambda: len(list(markers.iterdir())) == 2, 90, "both faults firing")
 
     for agent in list(cluster.agents.values()):
         cluster.wait_until(lambda: not agent.alive(), 120, f"{agent.peer_id} finishing")
