@@ -4,8 +4,11 @@ Owns: a UDP socket on the agent's control address, signed heartbeats sent to eve
 the arrival history, what each agent last announced (`Announcement`: its process instance, the Raft node it
 runs, whether it may be promoted to voter), and the calls to the pure `p2pgen.detect.suspects` decision.
 Invariants kept:
-- a heartbeat that is not signed with the job's key, or comes from an agent that is not a current
-  Raft node, is ignored (I8): an outsider can neither keep a dead peer alive nor get one evicted;
+- a heartbeat that is not signed with the job's key is ignored (I8): an outsider can neither keep a dead
+  peer alive nor get one evicted. A signed heartbeat from an agent that is not a target yet (a joiner whose
+  member is not registered) makes it one, so both sides hear each other from the joiner's first beat;
+- only an agent heard at least once (since the last reset) is ever suspected: an agent that just joined, or
+  cannot hear anyone, never blames the others for a silence it cannot tell from its own;
 - our own stall (a SIGSTOP, a long GC) is never blamed on others: after a gap longer than the
   detector's floor every peer's history restarts from now;
 - each suspicion is reported once until the peer is heard from again;
@@ -49,6 +52,7 @@ class HeartbeatRunner:
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
         self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
+        self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
         self._sock.settimeout(config.heartbeat_interval / 4)
@@ -74,6 +78,12 @@ class HeartbeatRunner:
         with self._lock:
             return set(self._reported)
 
+    def _callers(self) -> set[str]:
+        """Agents that sent us a signed heartbeat without being a target; dropped once suspected."""
+        with self._lock:
+            self._joined -= self._reported
+            return set(self._joined)
+
     def heard(self) -> dict[str, Announcement]:
         """The last announcement of every agent heard from and not suspected since."""
         with self._lock:
@@ -89,7 +99,7 @@ class HeartbeatRunner:
                 self._reset_requested = False
                 self._forgive(now)
             last_loop = now
-            targets = self._targets() - {self.self_addr}
+            targets = (self._targets() | self._callers()) - {self.self_addr}
             self._track(targets, now)
             if now >= next_send:
                 self._send(targets)
@@ -155,11 +165,17 @@ class HeartbeatRunner:
         try:
             job, sender, _seq, instance, node, eligible = msgpack.unpackb(body)
             heard = Announcement(str(instance), str(node), bool(eligible))
-        except (ValueError, TypeError, msgpack.UnpackException):
+            _, colon, port = sender.rpartition(":")
+            if not (colon and port.isdigit()):
+                raise ValueError(f"sender {sender!r} is not HOST:PORT")
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
             log.debug("dropped a malformed heartbeat")
             return
-        if job != self.job or sender not in targets:
+        if job != self.job or sender == self.self_addr:
             return
+        if sender not in targets:
+            with self._lock:
+                self._joined.add(sender)             # a target from the next round on
         with self._lock:
             before = self._heard.get(sender)
             self._heard[sender] = heard
@@ -171,8 +187,9 @@ class HeartbeatRunner:
 
     def _judge(self, targets: set[str], now: float) -> None:
         for peer, reason in suspects(now, self._history, self.config).items():
-            if peer in targets and peer not in self._reported:
-                with self._lock:
-                    self._reported.add(peer)
-                    last = self._heard.get(peer)
-                self._on_suspect(peer, last.instance if last else "", reason)
+            with self._lock:
+                last = self._heard.get(peer)
+                if peer not in targets or peer in self._reported or last is None:
+                    continue
+                self._reported.add(peer)
+            self._on_suspect(peer, last.instance, reason)
