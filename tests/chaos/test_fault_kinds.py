@@ -1,0 +1,67 @@
+"""The fault kinds added for whole-host churn (issue 12, item 8) and the Raft checker beside the semantic one.
+
+Unit level: the generated matrix injects both new kinds; the leader's agent and the job's agent count
+are read from `show` in both forms (Raft addresses as node ids, or node ids with a voters list); the
+report carries the Raft checker's counts. Integration: one schedule of the two new kinds under the
+certified policy on real agents must pass both checkers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from p2pgen.chaos import checker, report, runner
+from p2pgen.chaos.app import leader_agent
+from p2pgen.chaos.policies import agents_in_job
+from p2pgen.chaos.schedule import Injection, Schedule, generate
+from p2pgen.raft import checker as raft_checker
+
+pytestmark = pytest.mark.timeout(60)
+
+NEW_SHOW = {"leader": "127.0.0.1:20006/b2", "voters": [{"node": "127.0.0.1:20001/a1", "agent": "127.0.0.1:20000"},
+                                                       {"node": "127.0.0.1:20006/b2", "agent": "127.0.0.1:20005"}],
+            "nonvoters": ["127.0.0.1:20010"], "nodes": ["127.0.0.1:20001/a1", "127.0.0.1:20006/b2"]}
+
+
+def test_the_full_matrix_injects_both_new_kinds_at_step_and_transition_points():
+    kinds = Counter((i.kind, i.point in ("pending", "catch_up")) for s in generate(1, 40, 6) for i in s.injections)
+    for kind in ("replace_agent", "kill_two_agents"):
+        assert kinds[(kind, False)] > 0 and kinds[(kind, True)] > 0
+
+
+def test_the_leaders_agent_is_found_from_raft_addresses_or_from_the_voters_list():
+    assert leader_agent({"leader": "127.0.0.1:20011"}) == "127.0.0.1:20010"
+    assert leader_agent(NEW_SHOW) == "127.0.0.1:20005"
+    assert leader_agent({"leader": None}) is None
+
+
+def test_agents_in_the_job_count_non_voting_members_where_show_lists_them():
+    assert agents_in_job({"raft": NEW_SHOW}) == 3
+    assert agents_in_job({"raft": {"nodes": ["a:1", "b:1"]}}) == 2
+
+
+def test_the_report_sums_raft_violations_and_counts_traced_runs():
+    clean = raft_checker.CheckResult(dict.fromkeys(raft_checker.CHECKS, 0), {}, {"indexes_compared": 4}, [])
+    unsafe = raft_checker.CheckResult({**dict.fromkeys(raft_checker.CHECKS, 0), "one_leader_per_term": 2}, {},
+                                      {"indexes_compared": 0}, [])
+    verdict = checker.Verdict([], [], 1, [1.0], [0], 5.0, 14)
+    row = report.summarize("certified", [verdict, verdict], [clean, unsafe])
+    assert row["raft_violations"]["one_leader_per_term"] == 2 and row["raft_traced_runs"] == 1
+    table = report.table([row])
+    assert "raft violations" in table and "traced runs" in table
+    assert report.raft_words(unsafe) == "UNSAFE: one_leader_per_term x2"
+    assert report.raft_words(clean) == "ok"
+
+
+@pytest.mark.timeout(240)
+def test_an_agent_replaced_within_a_second_and_two_agents_lost_together_are_survived(tmp_path):
+    schedule = Schedule(0, 0, 4, 14, (Injection("replace_agent", "before_allreduce", "p1", 4),
+                                      Injection("kill_two_agents", "after_commit", "p2", 8)))
+    result = runner.run(schedule, "certified", tmp_path, runner.RunConfig(timeout=90.0))
+    verdict = checker.check(result.events, result.history, schedule.steps, result.stalled)
+    raft = raft_checker.check_dir(tmp_path / "traces")
+    assert verdict.injections == 2, result.harness
+    assert verdict.passed, (verdict.failures, verdict.evidence[:5], result.harness, str(tmp_path))
+    assert raft.passed and raft.evidence, raft.render()
