@@ -12,6 +12,8 @@ SharedState. A killed peer's replacement pulls the state from the others before 
 
 At the end every peer prints one JSON line (`summary`) and writes it to $P2PGEN_SUMMARY_DIR if set:
 generations seen, steps committed and discarded, seconds spent between generations, final digest.
+Under `p2pgen stress` it also reports every committed step and stops at the revision the harness asks
+for (`Progress`, a no-op elsewhere).
 """
 
 from __future__ import annotations

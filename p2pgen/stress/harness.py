@@ -226,13 +226,8 @@ class Harness:
             self._latest = best
 
     def _voter_counts(self) -> tuple[int, int, set[str]]:
-        """(voters, voters down, peers whose current node is a voter)."""
-        if self.voters is None:          # agents that do not list voters: every agent is one
-            live = [s for s in self.slots.values() if s.state != "left"]
-            return len(live), sum(1 for s in live if s.state != "up"), {s.peer for s in live}
-        up = {s.node: s.peer for s in self.slots.values() if s.state == "up" and s.node}
-        voting = {up[node] for node, _ in self.voters if node in up}
-        return len(self.voters), len(self.voters) - len(voting), voting
+        """(voters, voters down, peers whose current node is a voter): see `plan.voter_status`."""
+        return plan.voter_status([(s.peer, s.state, s.node) for s in self.slots.values()], self.voters)
 
     def _record_majority(self) -> None:
         total, down, _ = self._voter_counts()

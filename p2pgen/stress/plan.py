@@ -183,5 +183,20 @@ class Timeline:
         return self.intervals
 
 
+def voter_status(slots: list[tuple[str, str, str | None]],
+                 voters: list[tuple[str, str]] | None) -> tuple[int, int, set[str]]:
+    """(voters, voters down, peers whose current node votes) from the harness's slots (peer, state, node
+    id of its current process; state up | stopped | down | left) and the voters `show` lists as (node id,
+    agent address). A voter is up only if the process that holds its node id runs unstopped: a replaced
+    agent at the same address is a new node, so the voter it replaced stays down until it is removed.
+    Without a voters list (agents that do not give one) every slot not left is a voter."""
+    if voters is None:
+        live = [(peer, state) for peer, state, _ in slots if state != "left"]
+        return len(live), sum(1 for _, state in live if state != "up"), {peer for peer, _ in live}
+    running = {node: peer for peer, state, node in slots if state == "up" and node}
+    voting = {running[node] for node, _ in voters if node in running}
+    return len(voters), len(voters) - len(voting), voting
+
+
 def majority_up(voters: int, voters_down: int) -> bool:
     return voters - voters_down >= voters // 2 + 1

@@ -114,3 +114,15 @@ def test_the_timeline_keeps_the_stretches_with_a_majority_up():
         t.sample(when, ok)
     assert t.close(6) == [(0, 2), (4, 6)]
     assert plan.majority_up(5, 2) and not plan.majority_up(5, 3) and not plan.majority_up(4, 2)
+
+
+def test_a_replaced_agent_is_a_new_node_so_the_voter_it_replaced_stays_down():
+    slots = [("p0", "up", "a:1/x"), ("p1", "up", "b:1/y2"), ("p2", "stopped", "c:1/z"), ("p3", "up", "d:1/w")]
+    voters = [("a:1/x", "a:0"), ("b:1/y", "b:0"), ("c:1/z", "c:0")]   # p1 was replaced: its old node still votes
+    assert plan.voter_status(slots, voters) == (3, 2, {"p0"})
+    assert not plan.majority_up(3, 2)
+
+
+def test_without_a_voters_list_every_agent_not_gone_is_a_voter():
+    slots = [("p0", "up", None), ("p1", "down", None), ("p2", "left", None), ("p3", "stopped", None)]
+    assert plan.voter_status(slots, None) == (3, 2, {"p0", "p1", "p3"})
