@@ -112,7 +112,8 @@ class Harness:
         self.timeline = plan.Timeline()
         self.actions: list[dict[str, Any]] = []
         self.faults: list[verdict.Fault] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = []                            # what happened to the run, for the report
+        self.problems: list[str] = []                         # those that fail it beyond the verdict
         self.t0 = time.time()
         self._observed_at = self._history_at = 0.0
         self._latest: dict[str, Any] | None = None           # the leader's (else the newest) `show` seen last
@@ -155,8 +156,7 @@ class Harness:
                 return first
             self._tick()
             time.sleep(LOOP_S)
-        self.notes.append(f"no step committed within {self.config.start_timeout:.0f} s of the start")
-        self.say(self.notes[-1])
+        self._problem(f"no step committed within {self.config.start_timeout:.0f} s of the start")
         return None
 
     def _fault_loop(self, end: float) -> None:
@@ -180,8 +180,8 @@ class Harness:
             elif slot.state == "down" and slot.replace_at is not None and now >= slot.replace_at:
                 self._replace(slot)
             elif slot.state == "up" and not slot.proc.alive() and self._stop_written_at is None:
-                self.notes.append(f"agent {slot.peer} exited by itself (code {slot.proc.proc.returncode})")
-                self.say(self.notes[-1] + "; replacing it in 1 s")
+                self._problem(f"agent {slot.peer} exited by itself (code {slot.proc.proc.returncode}); "
+                              "replaced 1 s later")
                 slot.state, slot.node, slot.replace_at = "down", None, now + plan.REPLACE_AFTER_S
         if now - self._observed_at >= OBSERVE_EVERY_S:
             self._observe()
@@ -406,9 +406,14 @@ class Harness:
                             {p: d for p, (_, d) in finals.items()}, settled)
         for action, latency in zip([a for a in self.actions if a["kind"] != "none"], v.recovery):
             action["recovery_s"] = None if latency is None else round(latency, 3)
-        failures = v.failures(self.faults) + [n for n in self.notes if "exited by itself" in n]
+        failures = v.failures(self.faults) + self.problems
         return Report(self.actions, v, result, failures, {p: r for p, (r, _) in finals.items()}, self.notes,
                       self.run_dir)
+
+    def _problem(self, text: str) -> None:
+        self.problems.append(text)
+        self.notes.append(text)
+        self.say(text)
 
     def say(self, text: str) -> None:
         self._say(f"[{time.time() - self.t0:7.1f} s] {text}")

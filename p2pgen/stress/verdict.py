@@ -44,15 +44,6 @@ class Activated:
     regressed_from: int | None = None
 
 
-def job_progress(commits: Iterable[Commit]) -> list[tuple[float, int]]:
-    """(time, revision) of the first time each revision was committed by any member, in time order."""
-    first: dict[int, float] = {}
-    for c in commits:
-        if c.revision not in first or c.t < first[c.revision]:
-            first[c.revision] = c.t
-    return sorted((t, r) for r, t in first.items())
-
-
 def max_stall(commit_times: list[float], up: list[tuple[float, float]], start: float,
               end: float) -> tuple[float, float | None]:
     """(seconds, when it began) of the longest stretch in [start, end] with a majority of the voters up

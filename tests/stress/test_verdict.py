@@ -6,7 +6,7 @@ import pytest
 
 from p2pgen.stress.progress import Commit
 from p2pgen.stress.verdict import (
-    Activated, Fault, Verdict, digest_mismatches, job_progress, max_stall, recoveries, regressions,
+    Activated, Fault, Verdict, digest_mismatches, max_stall, recoveries, regressions,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -45,11 +45,6 @@ def test_one_revision_with_two_digests_is_a_mismatch_unless_a_regression_redid_i
     assert [m["revision"] for m in found] == [2] and found[0]["digests"] == {"d2": ["a#1", "b#1"], "other": ["c#1"]}
     redo = [{"revision": 1, "highest_committed": 2}]
     assert digest_mismatches(cs, redo) == []
-
-
-def test_job_progress_is_the_first_time_each_revision_was_committed():
-    cs = commits((2.0, 2), (1.0, 1)) + [Commit(0.5, "c", 1, 1, 2, "d2")]
-    assert job_progress(cs) == [(0.5, 2), (1.0, 1)]
 
 
 def verdict(**changes) -> Verdict:
