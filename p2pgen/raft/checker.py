@@ -91,6 +91,8 @@ class CheckResult:
             verdict = "ok" if not self.counts[check] else f"{self.counts[check]} violation(s)"
             lines.append(f"  {check:<20} {verdict}")
             lines += [f"    {e}" for e in self.examples[check]]
+        if not self.evidence:
+            lines.append("  no log index was applied by two nodes: log matching compared nothing")
         if c["truncated"]:
             lines.append(f"  {c['truncated']} file(s) end in a cut line (an agent killed mid-write): ignored")
         lines += [f"  unreadable: {u}" for u in self.unreadable[:EXAMPLES]]

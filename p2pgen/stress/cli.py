@@ -3,7 +3,8 @@
 Owns: argument parsing, the live action lines (stdout, or stderr with `--json`), the final report as
 text or `--json`, and the run directory (a temporary one is removed after a passing run and kept, with
 its path printed, after a failing one; `--keep DIR` always keeps it). Exit code 0 only when the run
-passed (see `verdict`); `check-traces` exits 0 only when every check passed.
+passed (see `verdict`); `check-traces` exits 0 only when the directory held agent traces and every
+check passed.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def cmd_check_traces(args: argparse.Namespace) -> int:
         return 2
     result = check_dir(args.dir)
     print(json.dumps(result.to_json(), indent=1) if args.json else result.render())
+    if not result.checked["processes"]:
+        print(f"p2pgen check-traces: no agent trace record in {args.dir} (agents write them under "
+              "$P2PGEN_TRACE_DIR)", file=sys.stderr)
+        return 1
     return 0 if result.passed else 1
 
 

@@ -142,3 +142,15 @@ def test_activations_are_deduplicated_in_log_order_with_their_earliest_time(tmp_
     acts = activations(load(write(tmp_path, traces)))
     assert [(a.generation, a.index, a.revision) for a in acts] == [(1, 4, 0), (2, 46, 12)]
     assert acts[1].members == (("p0", 1), ("p2", 1), ("p1", 2)) and acts[1].t == pytest.approx(13.6)
+
+
+def test_check_traces_cli_exits_1_on_a_violation_or_on_no_trace_at_all(tmp_path, capsys):
+    from p2pgen.cli import main
+    assert main(["check-traces", str(tmp_path)]) == 1
+    write(tmp_path, clean_traces())
+    assert main(["check-traces", str(tmp_path)]) == 0
+    traces = clean_traces()
+    traces["p0-aa01"][1]["term"] = 2                           # p0 and p1 both lead term 2
+    write(tmp_path, traces)
+    assert main(["check-traces", "--json", str(tmp_path)]) == 1
+    assert '"one_leader_per_term": 1' in capsys.readouterr().out
