@@ -106,7 +106,7 @@ class Harness:
         self.commits = CommitLog(run_dir / "progress")
         self.slots: dict[str, Slot] = {}
         self.free = [f"127.0.0.1:{p}" for p in free_control_ports(config.agents + SPARE_ADDRESSES)]
-        self.voters: list[tuple[str, str]] | None = None     # (node, agent addr); None: agents do not say
+        self.voters: list[tuple[str, str]] | None = None     # (node, agent addr); None: nothing observed yet
         self.history: dict[tuple, dict[str, Any]] = {}       # (generation, raft index, time) -> history entry
         self._history_turn = 0
         self.timeline = plan.Timeline()
@@ -222,7 +222,10 @@ class Harness:
         if views:
             best = max(views, key=lambda v: (v["raft"].get("self") == v["raft"].get("leader"), v["raft"]["index"]))
             voters = best["raft"].get("voters")
-            self.voters = None if voters is None else [(v["node"], v["agent"]) for v in voters]
+            if voters is not None:
+                self.voters = [(v["node"], v["agent"]) for v in voters]
+            else:                        # agents that do not list voters: every Raft node votes
+                self.voters = [(node, "") for node in best["raft"].get("nodes", [])]
             self._latest = best
 
     def _voter_counts(self) -> tuple[int, int, set[str]]:

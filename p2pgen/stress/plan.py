@@ -189,7 +189,7 @@ def voter_status(slots: list[tuple[str, str, str | None]],
     id of its current process; state up | stopped | down | left) and the voters `show` lists as (node id,
     agent address). A voter is up only if the process that holds its node id runs unstopped: a replaced
     agent at the same address is a new node, so the voter it replaced stays down until it is removed.
-    Without a voters list (agents that do not give one) every slot not left is a voter."""
+    Before any observation (`voters` None) every slot not left counts as a voter."""
     if voters is None:
         live = [(peer, state) for peer, state, _ in slots if state != "left"]
         return len(live), sum(1 for _, state in live if state != "up"), {peer for peer, _ in live}

@@ -123,6 +123,6 @@ def test_a_replaced_agent_is_a_new_node_so_the_voter_it_replaced_stays_down():
     assert not plan.majority_up(3, 2)
 
 
-def test_without_a_voters_list_every_agent_not_gone_is_a_voter():
+def test_before_any_observation_every_agent_not_gone_is_a_voter():
     slots = [("p0", "up", None), ("p1", "down", None), ("p2", "left", None), ("p3", "stopped", None)]
     assert plan.voter_status(slots, None) == (3, 2, {"p0", "p1", "p3"})
