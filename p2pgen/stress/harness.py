@@ -97,12 +97,11 @@ class Harness:
     def __init__(self, config: StressConfig, run_dir: Path, say: Callable[[str], None]) -> None:
         self.config, self.run_dir, self._say = config, run_dir, say
         self.rng = random.Random(f"p2pgen-stress/{config.seed}")
-        for sub in ("traces", "progress", "summaries"):
+        for sub in ("traces", "progress"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=())
         self.env = {"P2PGEN_TRACE_DIR": str(run_dir / "traces"), PROGRESS_ENV: str(run_dir / "progress"),
-                    "P2PGEN_SUMMARY_DIR": str(run_dir / "summaries"), "P2PGEN_STEPS": str(10 ** 9),
-                    "P2PGEN_STEP_DELAY": str(config.step_delay)}
+                    "P2PGEN_STEPS": str(10 ** 9), "P2PGEN_STEP_DELAY": str(config.step_delay)}
         self.commits = CommitLog(run_dir / "progress")
         self.slots: dict[str, Slot] = {}
         self.free = [f"127.0.0.1:{p}" for p in free_control_ports(config.agents + SPARE_ADDRESSES)]
