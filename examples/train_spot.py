@@ -12,6 +12,8 @@ SharedState. A killed peer's replacement pulls the state from the others before 
 
 At the end every peer prints one JSON line (`summary`) and writes it to $P2PGEN_SUMMARY_DIR if set:
 generations seen, steps committed and discarded, seconds spent between generations, final digest.
+Under `p2pgen stress` it also reports every committed step and stops at the revision the harness asks
+for (`Progress`, a no-op elsewhere).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 import torch
 
 import p2pgen
+from p2pgen.stress.progress import Progress     # reports committed steps to `p2pgen stress`; a no-op elsewhere
 
 GLOBAL_BATCH = 64
 IN, HIDDEN, OUT = 16, 32, 4
@@ -82,9 +85,10 @@ def main() -> None:
 
     state = build_state(args.seed)
     peer = p2pgen.join(state=state)
+    progress = Progress.from_env(peer)
     started, last_loss = time.monotonic(), float("nan")
     for step in peer.steps():
-        if state.revision >= args.steps:
+        if state.revision >= min(args.steps, progress.stop_revision()):
             break
         with step:
             x, y = shard(args.seed, step.revision, step.rank, step.world)
@@ -94,6 +98,8 @@ def main() -> None:
             last_loss = float(flat[-1])
             apply_update(state, flat[:-1], args.lr, args.momentum)
             step.commit()
+        if step.committed:
+            progress.committed(step)
     summary = {"peer": peer.peer_id, "incarnation": peer.incarnation, "revision": state.revision,
                "digest": state.digest(), "loss": last_loss, "seconds": round(time.monotonic() - started, 3),
                **peer.stats}
@@ -102,6 +108,7 @@ def main() -> None:
         path = os.path.join(os.environ["P2PGEN_SUMMARY_DIR"], f"{peer.peer_id}-{peer.incarnation}.json")
         with open(path, "w") as f:
             json.dump(summary, f)
+    progress.close()
     peer.close()
 
 

@@ -1,4 +1,4 @@
-"""The `p2pgen` command line: `join | show | history | bench | sim ...`.
+"""The `p2pgen` command line: `join | show | history | bench | sim | chaos | stress ...`.
 
 Owns: argument parsing and dispatch only. Each command family lives in its own module, which exposes
 `add_commands(subparsers)`; a sub-parser stores its handler as `func`, called with the parsed args and
@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "p2pgen.sim.cli",
     "p2pgen.bench.cli",
     "p2pgen.chaos.cli",
+    "p2pgen.stress.cli",  # stress, check-traces
 )
 
 

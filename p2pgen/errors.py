@@ -25,3 +25,8 @@ class PeerLost(P2PGenError):
 
 class Evicted(P2PGenError):
     """This incarnation was removed from the job; it must restart as a new incarnation."""
+
+
+class AgentLost(P2PGenError):
+    """This process lost its local agent (it died or stopped answering): it can no longer know its generation
+    and must exit; a live agent restarts it as a new incarnation."""

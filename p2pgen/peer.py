@@ -26,6 +26,11 @@ Invariants kept:
   evicted stops acting (`Evicted`) and its agent restarts it as a new incarnation.
 - Joins take effect at a step boundary: the first collective of every step also reduces (MAX) the
   highest pending generation any member has seen, so all members leave G after the same committed step.
+- What reaches the application from `steps()` and its steps: `GenerationChanged` / `PeerLost` inside
+  `with step:` (swallowed there: the step is retried), and two fatal errors, after which the process
+  must exit (its agent restarts it as a new incarnation): `Evicted` (this incarnation was removed from
+  the job) and `AgentLost` (the local agent died or stopped answering). An agent that answers but
+  cannot take a command now (no Raft quorum, its node restarting) is waited for, never raised.
 """
 
 from __future__ import annotations
@@ -41,19 +46,20 @@ from typing import Any, Iterator
 import numpy as np
 
 from p2pgen.agent.client import AgentClient
-from p2pgen.agent.rpc import split_addr
+from p2pgen.agent.rpc import RpcError, split_addr
 from p2pgen.auth import load_secret
 from p2pgen.channel import Channel, ChannelListener, ChannelReceiver
 from p2pgen.collectives import Backend
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
-from p2pgen.core import Frontier, Ready, Reform, Synced
-from p2pgen.errors import Evicted, GenerationChanged, P2PGenError, PeerLost
+from p2pgen.core import Command, Frontier, Ready, Reform, Synced
+from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.state import SharedState, Source, StateServer, pull_state
 from p2pgen.transport import Endpoint, Group, Transport
 
 log = logging.getLogger(__name__)
 
 WATCH_POLL_S = 1.0
+AGENT_SILENT_TRIES = 3           # consecutive unanswered calls after which the local agent counts as lost
 
 
 class Trace:
@@ -178,6 +184,7 @@ class Peer:
         self._view: dict[str, Any] = self.agent.show()
         self._view_lock = threading.Condition()
         self._closed = threading.Event()
+        self._lost: str | None = None             # why the local agent counts as lost (set by the watcher)
         self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
         self._watcher.start()
         self.stats = {"generations": 0, "steps_committed": 0, "steps_discarded": 0, "seconds_between": 0.0}
@@ -185,10 +192,13 @@ class Peer:
     # --- the step loop -------------------------------------------------------------------------------
 
     def steps(self) -> Iterator[Step]:
-        """Steps of the current generation, forever; crosses generation changes transparently."""
+        """Steps of the current generation, forever; crosses generation changes transparently.
+        Ends when `close()` was called; raises `Evicted` or `AgentLost` (see the module docstring)."""
         while not self._closed.is_set():
             if self.backend is None or self._switch_to is not None or self._backend_dead():
                 self._enter_next_generation()
+            if self.backend is None:               # closed while between generations
+                break
             step = Step(self, self.backend)
             self.current_step = step
             yield step
@@ -196,6 +206,9 @@ class Peer:
                 self.stats["steps_committed"] += 1
             else:
                 self.stats["steps_discarded"] += 1
+        if self._lost is not None:
+            raise AgentLost(f"{self.peer_id}#{self.incarnation} lost its agent ({self._lost}): this process can no "
+                            "longer know its generation and must exit; a live agent restarts it as a new incarnation")
 
     @property
     def rank(self) -> int | None:
@@ -307,8 +320,8 @@ class Peer:
                 return
             if pending and self._proposed(pending):
                 if voted != pending["generation"]:
-                    self._vote_ready(pending, quiescence, seq)
-                    voted = pending["generation"]
+                    if self._vote_ready(pending, quiescence, seq):
+                        voted = pending["generation"]
                     if quiescence == "unknown":
                         raise Evicted("could not prove quiescence of the old generation: restart as a new incarnation")
                 if pending["frontier"] and synced != pending["generation"] and self._sync_if_told(pending, state):
@@ -329,16 +342,31 @@ class Peer:
             raise Evicted(f"{self.peer_id}#{self.incarnation} was evicted from job {self.job}: "
                           "this process must exit; its agent restarts it as a new incarnation")
 
-    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
+    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> bool:
+        """Vote `ready` for `pending`; False when the agent could not take the vote now (retried later)."""
         generation = pending["generation"]
         self._serving.close()
         self._serving.enter_context(self.state_server.serving(generation))   # frozen until the next step
         digest = self.state.digest()
         comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
-        outcome = self.agent.submit(Ready(generation, self.peer_id, self.incarnation, quiescence,
-                                          self.state.revision, digest, seq, comm_id=comm_id, at=time.time()))
+        outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, quiescence, self.state.revision,
+                                     digest, seq, comm_id=comm_id, at=time.time()))
+        if outcome is None:
+            return False
         self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
                           quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"])
+        return True
+
+    def _submit(self, command: Command) -> dict[str, Any] | None:
+        """Submit through our agent; None when it could not take the command now (no Raft quorum, its node
+        restarting, a connection lost): the caller retries on a later view. Whether the agent itself is
+        gone is the watcher's call (`AgentLost`)."""
+        try:
+            return self.agent.submit(command)
+        except (OSError, P2PGenError) as e:
+            log.info("agent could not take %s now: %s", type(command).__name__, e)
+            self.trace.record("submit_failed", command=type(command).__name__, reason=str(e))
+            return None
 
     def _sync_if_told(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
         """Pull the frontier if the election told us to, then report `synced`. True when done."""
@@ -362,8 +390,9 @@ class Peer:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self.trace.record("pull_failed", generation=generation, reason=str(e))
             return False
-        outcome = self.agent.submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(),
-                                           at=time.time()))
+        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time()))
+        if outcome is None:
+            return False
         self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
                           reason=outcome["reason"], report=str(report))
         return outcome["ok"]
@@ -390,9 +419,9 @@ class Peer:
     def _request_reform_if_active(self, why: str) -> None:
         active = self._view["state"]["active"]
         if active and self._in(active) and self._view["state"]["pending"] is None:
-            outcome = self.agent.submit(Reform(active["generation"], self.peer_id, self.incarnation, why,
-                                               at=time.time()))
-            self.trace.record("reform", generation=active["generation"], ok=outcome["ok"], reason=why)
+            outcome = self._submit(Reform(active["generation"], self.peer_id, self.incarnation, why, at=time.time()))
+            if outcome is not None:
+                self.trace.record("reform", generation=active["generation"], ok=outcome["ok"], reason=why)
 
     def _backend_dead(self) -> bool:
         return self.backend is not None and self.backend.failed is not None
@@ -414,10 +443,16 @@ class Peer:
                 view = client._call("wait", io_timeout=WATCH_POLL_S + 5,
                                     after_version=self._view["raft"]["index"], timeout=WATCH_POLL_S)
                 failures = 0
+            except RpcError as e:            # it answered without a view (its Raft node restarting): wait for it
+                log.info("agent at %s has no view now: %s", agent_addr, e)
+                failures = 0
+                time.sleep(0.1)
+                continue
             except (OSError, P2PGenError) as e:
                 failures += 1
-                if failures >= 3:
+                if failures >= AGENT_SILENT_TRIES:
                     log.error("lost the agent at %s (%s): stopping", agent_addr, e)
+                    self._lost = f"{agent_addr}: {e}"
                     if self.backend is not None:
                         self.backend.abort("lost the local agent")
                     self._closed.set()

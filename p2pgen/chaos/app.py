@@ -39,6 +39,8 @@ from p2pgen.collectives import tcp
 from p2pgen.state import SharedState
 from p2pgen.transport import FrameKind
 
+TWO_AGENTS_GAP_S = 0.2           # kill_two_agents: well inside the detection timeout (1.0 s)
+
 
 class EventLog:
     def __init__(self, path: str, peer: str, incarnation: int) -> None:
@@ -89,9 +91,14 @@ class Injector:
         me = os.getpid()
         if inj.kind == "kill_app":
             os.kill(me, signal.SIGKILL)
-        elif inj.kind == "kill_agent":
-            os.kill(os.getppid(), signal.SIGKILL)
-            time.sleep(5)                          # PR_SET_PDEATHSIG kills this process with its agent
+        elif inj.kind in ("kill_agent", "replace_agent"):
+            if inj.kind == "replace_agent":        # the harness replaces it at the same address within 1 s
+                open(os.path.join(self.run_dir, "fast", self.peer_id), "w").close()
+            self._kill_own_agent()
+        elif inj.kind == "kill_two_agents":
+            self._kill_other_agent()
+            time.sleep(TWO_AGENTS_GAP_S)
+            self._kill_own_agent()
         elif inj.kind == "kill_leader":
             self._kill_leader()
         elif inj.kind in ("pause_short", "pause_long"):
@@ -106,17 +113,35 @@ class Injector:
         elif inj.kind == "leave":
             raise SystemExit(0)
 
-    def _kill_leader(self) -> None:
-        leader = self.peer._view["raft"]["leader"] if self.peer else None
-        if leader is None:
-            return
-        host, port = leader.rsplit(":", 1)
+    @staticmethod
+    def _kill_own_agent() -> None:
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)                              # PR_SET_PDEATHSIG kills this process with its agent
+
+    def _agents(self) -> dict[str, int]:
         with open(os.path.join(self.run_dir, "agents.json")) as f:
-            pid = json.load(f).get(f"{host}:{int(port) - 1}")
+            return json.load(f)
+
+    def _kill_leader(self) -> None:
+        raft = self.peer._view["raft"] if self.peer else {}
+        addr = raft.get("leader_agent")
+        pid = self._agents().get(addr) if addr else None
         if pid:
             _kill(pid)
             if pid == os.getppid():
                 time.sleep(5)
+
+    def _kill_other_agent(self) -> None:
+        """A second agent lost with ours: one that leaves a majority of the voters up when `show` says who
+        votes (a non-voter when ours votes), else the first other agent by address."""
+        mine = os.environ["P2PGEN_AGENT"]
+        others = sorted(a for a in self._agents() if a != mine)
+        raft = self.peer._view["raft"] if self.peer else {}
+        if "voters" in raft:
+            voters = {v["agent"] for v in raft["voters"]}
+            others = sorted(others, key=lambda a: (mine in voters and a in voters, a))
+        if others:
+            _kill(self._agents()[others[0]])
 
     def _kill_app_of(self, peer_id: str) -> None:
         try:

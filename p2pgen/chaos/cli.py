@@ -1,8 +1,11 @@
 """`p2pgen chaos`: run seeded fault schedules under the recovery policies and print the table.
 
 Owns: argument parsing, the loop over (schedule, policy), progress lines on stderr, the table or
-`--json`, and the run directories (kept with `--keep`, else removed). Exit code 1 when the `certified`
-policy has a semantic failure (that is a p2pgen bug), else 0: the other policies are expected to fail.
+`--json`, and the run directories (kept with `--keep`, else removed). Every run is judged twice: by the
+semantic checker (`checker`, against the serial history) and by the Raft checker over the agents'
+traces (`p2pgen.raft.checker`). Exit code 1 when the `certified` policy has a semantic failure or any
+run (whatever its policy: the control plane is the same) has a Raft safety violation (both are p2pgen
+bugs), else 0: the other policies are expected to fail semantically.
 `--smoke` is the CI run (`schedule.smoke()`: 2 fixed short schedules, certified and comm-only); the full
 matrix is the documented command in README.
 """
@@ -38,6 +41,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     from p2pgen.chaos import checker, report, runner, schedule
+    from p2pgen.raft import checker as raft_checker
 
     policies = args.policy or (["certified", "comm-only"] if args.smoke else ["certified", "comm-only", "restart-all"])
     schedules = schedule.smoke() if args.smoke else \
@@ -47,6 +51,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     root.mkdir(parents=True, exist_ok=True)
     config = runner.RunConfig(timeout=args.timeout)
     verdicts: dict[str, list[checker.Verdict]] = {p: [] for p in policies}
+    rafts: dict[str, list[raft_checker.CheckResult]] = {p: [] for p in policies}
     runs: list[dict[str, Any]] = []
     try:
         for s in schedules:
@@ -54,17 +59,19 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 started = time.monotonic()
                 result = runner.run(s, policy, root / f"{policy}-{s.index:04d}", config)
                 verdict = checker.check(result.events, result.history, s.steps, result.stalled)
+                raft = raft_checker.check_dir(result.run_dir / "traces")
                 verdicts[policy].append(verdict)
+                rafts[policy].append(raft)
                 runs.append({"policy": policy, "schedule": s.to_json(), "harness": result.harness,
-                             **verdict.to_json()})
+                             **verdict.to_json(), "raft": raft.to_json()})
                 print(f"[{policy} #{s.index}] {'pass' if verdict.passed else 'FAIL'} "
                       f"{', '.join(verdict.failures) or ('stalled' if verdict.stalled else '')} "
-                      f"({verdict.injections} injections, {time.monotonic() - started:.1f} s)",
-                      file=sys.stderr, flush=True)
+                      f"({verdict.injections} injections, {time.monotonic() - started:.1f} s); raft "
+                      f"{report.raft_words(raft)}", file=sys.stderr, flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    rows = [report.summarize(p, verdicts[p]) for p in policies]
+    rows = [report.summarize(p, verdicts[p], rafts[p]) for p in policies]
     if args.json:
         print(json.dumps({"seed": args.seed, "first": args.first, "schedules": count, "injections_per_schedule": per,
                           "summary": rows, "runs": runs}, indent=1))
@@ -73,4 +80,5 @@ def cmd_chaos(args: argparse.Namespace) -> int:
               f"{per} injection(s) each\n")
         print(report.table(rows))
     certified = verdicts.get("certified", [])
-    return 1 if any(v.failures for v in certified) else 0
+    unsafe = any(not r.passed for results in rafts.values() for r in results)
+    return 1 if any(v.failures for v in certified) or unsafe else 0

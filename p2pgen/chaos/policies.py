@@ -45,9 +45,11 @@ class ChaosPeer(Peer):
     hook: Hook          # set by `join` before the first generation
     record: Record
 
-    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
-        super()._vote_ready(pending, quiescence, seq)
-        self.hook("pending", self.state.revision)
+    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> bool:
+        voted = super()._vote_ready(pending, quiescence, seq)
+        if voted:
+            self.hook("pending", self.state.revision)
+        return voted
 
     def _sync_if_told(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
         pull = next((p for p in pending["pulls"] if p["peer_id"] == self.peer_id), None)
@@ -65,12 +67,15 @@ class ChaosPeer(Peer):
 class CommOnlyPeer(ChaosPeer):
     """`comm-only`: votes ready with no state, so nobody is ever told to pull; keeps its local state."""
 
-    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
-        outcome = self.agent.submit(Ready(pending["generation"], self.peer_id, self.incarnation, quiescence,
-                                          0, "", seq, at=time.time()))
+    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> bool:
+        outcome = self._submit(Ready(pending["generation"], self.peer_id, self.incarnation, quiescence, 0, "", seq,
+                                     at=time.time()))
+        if outcome is None:
+            return False
         self.trace.record("ready", generation=pending["generation"], revision=0, digest="", ok=outcome["ok"],
                           reason=outcome["reason"], quiescence=quiescence)
         self.hook("pending", self.state.revision)
+        return True
 
 
 class RestartAllPeer(ChaosPeer):
@@ -82,17 +87,18 @@ class RestartAllPeer(ChaosPeer):
             os._exit(RESTART_ALL_EXIT)
         super()._enter_next_generation()
 
-    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> None:
+    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> bool:
         """Rendezvous: vote once the proposal holds a process of every live agent."""
         deadline = time.monotonic() + RENDEZVOUS_S
         while time.monotonic() < deadline:
             view = self._wait_view(0.1)
             latest = view["state"]["pending"]
             if latest is None or latest["generation"] != pending["generation"]:
-                return                             # superseded: the step loop votes for the newer proposal
+                return False                       # superseded: the step loop votes for the newer proposal
             if len(latest["members"]) >= len(view["raft"]["agents"]):
                 break
-        super()._vote_ready(pending, quiescence, seq)
+        return super()._vote_ready(pending, quiescence, seq)
+
 
 
 PEER_CLASSES: dict[str, type[ChaosPeer]] = {"certified": ChaosPeer, "comm-only": CommOnlyPeer,

@@ -1,10 +1,13 @@
 """One schedule under one policy on real processes: 4 agents (`p2pgen join`) supervising `p2pgen.chaos.app`.
 
-Owns: the run directory (config, logs, markers, requests), the agent processes of the run and everything
-the applications ask of the harness: replacing an agent that was SIGKILLed (a lost host coming back under
-the same peer id, at the same address), starting a new peer for a `join` request (scale-up), and the
-map from agent address to pid that `kill_leader` reads. It also polls the job's certificate history
-(`p2pgen history --json`) while the job runs, since the last agent leaves with it.
+Owns: the run directory (config, logs, markers, requests, the agents' Raft traces), the agent processes
+of the run and everything the applications ask of the harness: replacing an agent that was SIGKILLed (a
+lost host coming back under the same peer id, at the same address: REPLACE_AFTER_S later, or
+REPLACE_FAST_S later when the application marked it in RUN_DIR/fast/ before killing it), starting a new
+peer for a `join` request (scale-up), and the map from agent address to pid that `kill_leader` and
+`kill_two_agents` read. It also polls the job's certificate history (`p2pgen history --json`) while the
+job runs, since the last agent leaves with it. Every agent runs with `P2PGEN_TRACE_DIR=RUN_DIR/traces`
+(the input of `p2pgen.raft.checker`).
 Invariant kept: every process it starts is stopped by pid (process group of each agent) before `run`
 returns, whatever happened.
 """
@@ -26,6 +29,7 @@ from p2pgen.errors import P2PGenError
 from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
 
 REPLACE_AFTER_S = 1.0
+REPLACE_FAST_S = 0.2             # inside the detection timeout: the dead agent is not even suspected yet
 POLL_S = 0.05
 HISTORY_EVERY_S = 0.5
 FINISH_MARGIN = 25
@@ -56,7 +60,7 @@ class RunResult:
 
 
 def run(schedule: Schedule, policy: str, run_dir: Path, config: RunConfig = RunConfig()) -> RunResult:
-    for sub in ("logs", "fired", "requests", "pids", "snapshots"):
+    for sub in ("logs", "fired", "requests", "pids", "snapshots", "traces", "fast"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({
         "policy": policy, "steps": schedule.steps, "step_delay": config.step_delay,
@@ -98,7 +102,8 @@ class _Harness:
             self._start(f"p{i}", addr, [a for a in members if a != addr], ("--min-members", str(len(members))))
 
     def _start(self, peer_id: str, addr: str, peers: list[str], extra: tuple[str, ...] = ()) -> AgentProc:
-        agent = self.cluster.start(peer_id, addr, peers, command=self.command, extra=(*AGENT_ARGS, *extra))
+        agent = self.cluster.start(peer_id, addr, peers, command=self.command, extra=(*AGENT_ARGS, *extra),
+                                   env={"P2PGEN_TRACE_DIR": str(self.run_dir / "traces")})
         pids = {a.addr: a.pid for a in self.cluster.agents.values() if a.alive()}
         tmp = self.run_dir / "agents.json.tmp"
         tmp.write_text(json.dumps(pids))
@@ -165,8 +170,10 @@ class _Harness:
         for peer_id, agent in list(self.cluster.agents.items()):
             if agent.alive() or peer_id in self.replacing:
                 continue
-            if agent.proc.returncode == -signal.SIGKILL and agent.proc.returncode is not None:
-                self.replacing[peer_id] = now + REPLACE_AFTER_S
+            if agent.proc.returncode == -signal.SIGKILL:
+                fast = self.run_dir / "fast" / peer_id
+                self.replacing[peer_id] = now + (REPLACE_FAST_S if fast.exists() else REPLACE_AFTER_S)
+                fast.unlink(missing_ok=True)
         for peer_id, due in list(self.replacing.items()):
             live = [a for a in self._live_addrs() if a != self.cluster.agents[peer_id].addr]
             if now >= due and live:

@@ -28,6 +28,8 @@ TRANSITION_POINTS = ("pending", "catch_up")
 KINDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "kill_app": (30, STEP_POINTS + TRANSITION_POINTS),        # SIGKILL the application; its agent restarts it
     "kill_agent": (10, STEP_POINTS + TRANSITION_POINTS),      # SIGKILL this peer's agent (the app dies with it)
+    "replace_agent": (8, STEP_POINTS + TRANSITION_POINTS),    # the same, replaced at its address within 1 s
+    "kill_two_agents": (6, STEP_POINTS + TRANSITION_POINTS),  # SIGKILL another agent, then this one, 0.2 s apart
     "kill_leader": (8, STEP_POINTS + TRANSITION_POINTS),      # SIGKILL the Raft leader's agent
     "pause_short": (7, STEP_POINTS),                          # SIGSTOP shorter than detection, then SIGCONT
     "pause_long": (7, STEP_POINTS),                           # SIGSTOP longer than detection, then SIGCONT

@@ -82,7 +82,10 @@ class Cluster:
         self.secret = self.secret_file.read_bytes().strip()
 
     def start(self, peer_id: str, addr: str, peers: list[str], command: list[str] | None = None,
-              extra: tuple[str, ...] = (), secret_file: Path | None = None) -> AgentProc:
+              extra: tuple[str, ...] = (), secret_file: Path | None = None,
+              env: dict[str, str] | None = None) -> AgentProc:
+        """Start `p2pgen join` for `peer_id` at `addr`; `env` is added to this process's environment (the
+        agent hands it on to its application)."""
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
         cmd = [sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
                "--secret-file", str(secret_file or self.secret_file), *self.detect, *extra]
@@ -90,7 +93,8 @@ class Cluster:
         if command:
             cmd += ["--", *command]
         with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, **env} if env else None)
         agent = AgentProc(peer_id, addr, proc, log)
         self.agents[peer_id] = agent
         self.started.append(agent)

@@ -1,0 +1,47 @@
+"""The fault kinds added for whole-host churn (issue 12, item 8) and the Raft checker beside the semantic one.
+
+Unit level: the generated matrix injects both new kinds; the report carries the Raft checker's counts. Integration: one schedule of the two new kinds under the
+certified policy on real agents must pass both checkers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from p2pgen.chaos import checker, report, runner
+from p2pgen.chaos.schedule import Injection, Schedule, generate
+from p2pgen.raft import checker as raft_checker
+
+pytestmark = pytest.mark.timeout(60)
+
+def test_the_full_matrix_injects_both_new_kinds_at_step_and_transition_points():
+    kinds = Counter((i.kind, i.point in ("pending", "catch_up")) for s in generate(1, 40, 6) for i in s.injections)
+    for kind in ("replace_agent", "kill_two_agents"):
+        assert kinds[(kind, False)] > 0 and kinds[(kind, True)] > 0
+
+
+def test_the_report_sums_raft_violations_and_counts_traced_runs():
+    clean = raft_checker.CheckResult(dict.fromkeys(raft_checker.CHECKS, 0), {}, {"indexes_compared": 4}, [])
+    unsafe = raft_checker.CheckResult({**dict.fromkeys(raft_checker.CHECKS, 0), "one_leader_per_term": 2}, {},
+                                      {"indexes_compared": 0}, [])
+    verdict = checker.Verdict([], [], 1, [1.0], [0], 5.0, 14)
+    row = report.summarize("certified", [verdict, verdict], [clean, unsafe])
+    assert row["raft_violations"]["one_leader_per_term"] == 2 and row["raft_traced_runs"] == 1
+    table = report.table([row])
+    assert "raft violations" in table and "traced runs" in table
+    assert report.raft_words(unsafe) == "UNSAFE: one_leader_per_term x2"
+    assert report.raft_words(clean) == "ok"
+
+
+@pytest.mark.timeout(240)
+def test_an_agent_replaced_within_a_second_and_two_agents_lost_together_are_survived(tmp_path):
+    schedule = Schedule(0, 0, 4, 14, (Injection("replace_agent", "before_allreduce", "p1", 4),
+                                      Injection("kill_two_agents", "after_commit", "p2", 8)))
+    result = runner.run(schedule, "certified", tmp_path, runner.RunConfig(timeout=90.0))
+    verdict = checker.check(result.events, result.history, schedule.steps, result.stalled)
+    raft = raft_checker.check_dir(tmp_path / "traces")
+    assert verdict.injections == 2, result.harness
+    assert verdict.passed, (verdict.failures, verdict.evidence[:5], result.harness, str(tmp_path))
+    assert raft.passed and raft.evidence, raft.render()

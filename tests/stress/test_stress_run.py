@@ -1,0 +1,26 @@
+"""CI run of `p2pgen stress`: 4 agents training examples/train_spot.py under 40 s of seeded churn.
+
+Passes only when the Raft checker found no violation in the agents' traces (and had some to compare),
+every fault was followed by a committed step within 10 s, and every live member ended at one revision
+with one digest: the pass rule of `p2pgen stress` itself, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from p2pgen.cli import main
+from p2pgen.raft.checker import CHECKS
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_a_short_churn_run_is_safe_live_and_ends_identical(capsys, tmp_path):
+    code = main(["stress", "--agents", "4", "--duration", "40", "--seed", "1", "--json", "--keep", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["violations"]) == set(CHECKS) and report["actions"]
+    assert {"actions", "violations", "max_stall_s", "regressions", "final_digests"} <= set(report)
+    assert code == 0 and report["passed"], "\n".join(report["failures"]) + f"\nrun directory: {tmp_path}"
+    assert len(set(report["final_digests"].values())) == 1
