@@ -16,7 +16,9 @@ Injection points inside one step of revision r (schedule.STEP_POINTS, in this or
     -> [all-reduce bucket 1] -> after_allreduce -> momentum written -> mid_optimizer -> weights written
     -> commit -> after_commit
 Mid-collective faults count the frames this member hands to the ring in bucket 0's all-reduce; the
-count is taken by wrapping `p2pgen.collectives.tcp._Pipe` in this process only.
+count is taken by wrapping `p2pgen.collectives.tcp._Pipe` in this process only. Frame k is capped to the
+last frame the ring sends at the current world size, so a fault aimed at a 4-member ring still fires when
+the world shrank.
 Collectives of one generation are identified by (generation, attempt): the members of a generation run
 the same collectives in lockstep, so their k-th step attempts in it are one collective.
 """
@@ -59,7 +61,7 @@ class Injector:
         self.run_dir, self.config, self.peer_id, self.log = run_dir, config, peer_id, log
         self.mine = [Injection(**i) for i in config["injections"] if i["peer"] == peer_id]
         self.peer: policies.ChaosPeer | None = None
-        self.frames_armed: tuple[int, int] | None = None      # (collective seq, revision)
+        self.frames_armed: tuple[int, int, int] | None = None      # (collective seq, revision, world)
 
     def at(self, point: str, revision: int, **context: Any) -> None:
         for inj in self.mine:
@@ -69,9 +71,10 @@ class Injector:
 
     def on_frame(self, seq: int, sent: int) -> None:
         if self.frames_armed is not None and seq == self.frames_armed[0]:
-            revision = self.frames_armed[1]
+            _, revision, world = self.frames_armed
+            last = 2 * (world - 1) - 1            # the ring sends at least 2(world-1) frames: k is capped to exist
             for inj in self.mine:
-                if inj.point == "mid_allreduce" and revision >= inj.revision and sent > inj.frame \
+                if inj.point == "mid_allreduce" and revision >= inj.revision and sent > min(inj.frame, last) \
                         and self._claim(inj):
                     self.log("inject", kind=inj.kind, point="mid_allreduce", revision=revision, name=inj.name,
                              frame=sent)
@@ -193,7 +196,7 @@ def run_step(step: Any, state: SharedState, injector: Injector, log: EventLog, a
     injector.at("before_allreduce", r)
     for i, bucket in enumerate(model.buckets(grad)):
         if i == 0:
-            injector.frames_armed = (peer.backend.op_seq + 1, r)     # the step's control all-reduce runs first
+            injector.frames_armed = (peer.backend.op_seq + 1, r, step.world)   # the control all-reduce runs first
         step.all_reduce(bucket, op="sum")
         injector.frames_armed = None
         if i == 0:
