@@ -80,6 +80,7 @@ class RaftMembership:
         self._lock = threading.Lock()                     # guards node / pending switches
         self.node: RaftNode | None = None
         self._pending: RaftNode | None = None
+        self._launching: RaftNode | None = None            # a node started by `join`, not caught up yet
         self._pending_since = 0.0
         self.waiting: str | None = "joining the job"
         self._last_waiting_log = 0.0
@@ -102,13 +103,15 @@ class RaftMembership:
         return view is not None and view.ready and view.leader is not None and not view.removed
 
     def hello(self) -> dict:
-        view = self.view()
+        node = self.node or self._launching
+        view = node.view() if node is not None else None
         if view is not None and view.leader is not None and not view.removed:
             return {"mode": "running", "cluster": list(self.cluster), "node": view.node_id or "",
                     "voters": list(view.nodes), "leader": view.leader}
-        mode = "forming" if self.node is None else "joining"
-        return {"mode": mode, "cluster": list(self.cluster), "node": self.formation_id if self.node is None else "",
-                "voters": []}
+        if node is None or (node is self._launching and node.node_id):
+            forming_with = node.node_id if node is not None else self.formation_id
+            return {"mode": "forming", "cluster": list(self.cluster), "node": forming_with, "voters": []}
+        return {"mode": "joining", "cluster": list(self.cluster), "node": "", "voters": []}
 
     # --- joining -----------------------------------------------------------------------------------
 
@@ -171,16 +174,30 @@ class RaftMembership:
     def _launch(self, node_id: str | None, voters: list[str], why: str) -> bool:
         """Start a node and wait until it caught up with a leader; True when it did (it is then `node`)."""
         node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace)
+        self._launching = node                  # from now on `hello` names this node's id, never a fresh one
         try:
-            node.start()
-        except P2PGenError as e:
-            self._wait(f"could not start a Raft node: {e}")
-            return False
-        timeout = NONVOTER_SYNC_TIMEOUT_S if node_id is None else 3 * NONVOTER_SYNC_TIMEOUT_S
-        if node.wait_view(lambda v: v.ready and v.leader is not None, timeout) is None:
+            if node_id is not None and node_id == self.formation_id:
+                self.formation_id = new_node_id(self.raft_addr)   # an id names one node, started at most once
+            try:
+                node.start()
+            except P2PGenError as e:
+                self._wait(f"could not start a Raft node: {e}")
+                return False
+            return self._await_leader(node, node_id, voters, why)
+        finally:
+            self._launching = None
+
+    def _await_leader(self, node: RaftNode, node_id: str | None, voters: list[str], why: str) -> bool:
+        if node_id is not None:
+            while node.wait_view(lambda v: v.ready and v.leader is not None, WAITING_LOG_EVERY_S) is None:
+                if self._stopping():             # a voter is never restarted under its id: it waits, or ends
+                    node.stop()
+                    return False
+                self._wait(f"voter {node_id} waits for a Raft leader among {', '.join(voters) or 'itself'}")
+        elif node.wait_view(lambda v: v.ready and v.leader is not None, NONVOTER_SYNC_TIMEOUT_S) is None:
             node.stop()
-            self._wait(f"a Raft node with voters {', '.join(voters) or '(none)'} found no leader within "
-                       f"{timeout:.0f} s; asking the members again")
+            self._wait(f"a non-voting node with voters {', '.join(voters) or '(none)'} found no leader within "
+                       f"{NONVOTER_SYNC_TIMEOUT_S:.0f} s; asking the members again")
             return False
         with self._lock:
             old, self.node = self.node, node
