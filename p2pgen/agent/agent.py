@@ -228,10 +228,10 @@ class Agent:
         try:
             outcome = self.node.submit(command, timeout=SUBMIT_TIMEOUT_S)
         except RaftUnavailable as e:
-            self.membership._wait(f"{what}: no Raft quorum yet ({e}); retrying")
+            self.membership.wait_because(f"{what}: no Raft quorum yet ({e}); retrying")
             return None
         if self.membership.waiting and self.membership.waiting.startswith(what):
-            self.membership.waiting = None
+            self.membership.done_waiting()
         return outcome
 
     def _launch_app(self) -> None:
@@ -269,7 +269,7 @@ class Agent:
                 self._check_own_membership(force=stalled)
                 self._reconcile()
             except RaftUnavailable as e:
-                self.membership._wait(f"no Raft quorum: {e}")
+                self.membership.wait_because(f"no Raft quorum: {e}")
 
     def _handle(self, event: tuple) -> bool:
         """Handle one event; True when the agent is done."""

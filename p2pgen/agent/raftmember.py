@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 PENDING_VOTER_TIMEOUT_S = 10.0     # a prepared voter whose add has not committed by then is abandoned
 NONVOTER_SYNC_TIMEOUT_S = 5.0      # a non-voting node that found no leader by then is rebuilt from fresh hellos
 WAITING_LOG_EVERY_S = 5.0
+WAITING_QUIET_S = 2.0               # a wait shorter than this (formation, a quick join) is not logged
 BACKOFF_MAX_S = 2.0
 
 
@@ -83,6 +84,7 @@ class RaftMembership:
         self._launching: RaftNode | None = None            # a node started by `join`, not caught up yet
         self._pending_since = 0.0
         self.waiting: str | None = "joining the job"
+        self._waiting_since: float | None = None
         self._last_waiting_log = 0.0
 
     # --- what others see ---------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class RaftMembership:
             if formed is not None:
                 return self._launch(self.formation_id, formed, "formed the job with its peers")
         answered = ", ".join(f"{h.addr} ({h.mode})" for h in hellos) or "none"
-        self._wait(f"waiting for a live member of job {self.job!r}: asked {', '.join(self.peers) or 'nobody'}; "
+        self.wait_because(f"waiting for a live member of job {self.job!r}: asked {', '.join(self.peers) or 'nobody'}; "
                    f"answers: {answered}")
         return False
 
@@ -181,7 +183,7 @@ class RaftMembership:
             try:
                 node.start()
             except P2PGenError as e:
-                self._wait(f"could not start a Raft node: {e}")
+                self.wait_because(f"could not start a Raft node: {e}")
                 return False
             return self._await_leader(node, node_id, voters, why)
         finally:
@@ -193,27 +195,33 @@ class RaftMembership:
                 if self._stopping():             # a voter is never restarted under its id: it waits, or ends
                     node.stop()
                     return False
-                self._wait(f"voter {node_id} waits for a Raft leader among {', '.join(voters) or 'itself'}")
+                self.wait_because(f"voter {node_id} waits for a Raft leader among {', '.join(voters) or 'itself'}")
         elif node.wait_view(lambda v: v.ready and v.leader is not None, NONVOTER_SYNC_TIMEOUT_S) is None:
             node.stop()
-            self._wait(f"a non-voting node with voters {', '.join(voters) or '(none)'} found no leader within "
+            self.wait_because(f"a non-voting node with voters {', '.join(voters) or '(none)'} found no leader within "
                        f"{NONVOTER_SYNC_TIMEOUT_S:.0f} s; asking the members again")
             return False
         with self._lock:
             old, self.node = self.node, node
         if old is not None:
             old.stop()
-        self.waiting = None
+        self.done_waiting()
         kind = f"voter {node_id}" if node_id else "non-voting member"
         log.info("%s: Raft %s in sync (voters %s)", why, kind, ", ".join(node.view().nodes))
         return True
 
-    def _wait(self, why: str) -> None:
-        self.waiting = why
+    def wait_because(self, why: str) -> None:
+        """Record why the agent waits; log it once the wait lasted WAITING_QUIET_S, then every few seconds."""
         now = time.monotonic()
-        if now - self._last_waiting_log >= WAITING_LOG_EVERY_S:
+        if self.waiting is None or self._waiting_since is None:
+            self._waiting_since = now
+        self.waiting = why
+        if now - self._waiting_since >= WAITING_QUIET_S and now - self._last_waiting_log >= WAITING_LOG_EVERY_S:
             self._last_waiting_log = now
             log.warning("%s", why)
+
+    def done_waiting(self) -> None:
+        self.waiting, self._waiting_since = None, None
 
     # --- promotion (asked by the leader's agent) ---------------------------------------------------
 
@@ -302,7 +310,7 @@ class RaftMembership:
         for n in (old, pending):
             if n is not None:
                 n.stop()
-        self.waiting = why
+        self.wait_because(why)
         self.join(known_agents)
 
     def stop(self) -> None:
