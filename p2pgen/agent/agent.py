@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from p2pgen.agent.heartbeat import HeartbeatRunner
 from p2pgen.agent.rpc import RpcClient, RpcServer, split_addr
+from p2pgen.agent.statedir import StateDirConfig
 from p2pgen.agent.supervisor import Application
 from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
@@ -80,6 +81,7 @@ class AgentConfig:
     retire_wait: float = 5.0                      # max wait for the dead incarnation's generation to retire
     channel_dir: str = ""                         # consumption logs of this peer's channels (kept across incarnations)
     attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
+    state: StateDirConfig = field(default_factory=StateDirConfig)   # local copy, checkpoints, regression rule
 
 
 class Agent:
@@ -179,8 +181,10 @@ class Agent:
         self.node = node
         self._leaderless_since = None
         log.info("raft node %s is in sync (nodes %s)", self.raft_addr, node.view().nodes)
-        if configure and self.config.min_members > 1:
-            outcome = node.submit(Configure(self.config.min_members, at=time.time()))
+        if configure and (self.config.min_members > 1 or self.config.state.sets_job_rules):
+            outcome = node.submit(Configure(self.config.min_members, at=time.time(),
+                                            regress_wait=self.config.state.regress_wait,
+                                            allow_fresh_start=int(self.config.state.allow_fresh_start)))
             if not outcome.ok:
                 raise JoinError(outcome.reason)
 
@@ -221,6 +225,7 @@ class Agent:
                "P2PGEN_INCARNATION": str(incarnation), "P2PGEN_AGENT": self.addr,
                "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
                "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir}
+        env.update(self.config.state.app_env(self.config.job, self.config.peer_id, self.addr))
         if self.config.secret_file:
             env["P2PGEN_SECRET_FILE"] = self.config.secret_file
         self.app_attached = False
@@ -379,7 +384,8 @@ class Agent:
         def retired(view: RaftView) -> bool:
             m = view.machine
             in_active = m.active is not None and identity in {x.identity for x in m.active.members}
-            return not in_active or not m.members
+            held = m.pending is not None and m.pending.hold is not None     # waiting for state we may hold
+            return not in_active or not m.members or held
         self.node.wait_view(retired, self.config.retire_wait)
 
     def _evict_agent(self, control_addr: str, why: str) -> None:
@@ -397,6 +403,7 @@ class Agent:
         self._leaving.set()
         if self.app is not None:
             self.app.terminate(grace=2.0)
+            self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
         try:
             if self.incarnation is not None:
                 self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)

@@ -15,6 +15,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, state_flags
 from p2pgen.auth import SecretError, load_secret, read_secret_file
 from p2pgen.detect import add_detector_arguments, config_from_args
 
@@ -48,6 +49,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--chaos-seed", type=int, default=0, help="--local: seed of the fault schedule")
     join.add_argument("--steps", type=int, help="--local: steps to train (passed to COMMAND as $P2PGEN_STEPS)")
     add_detector_arguments(join)
+    add_state_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
     join.set_defaults(func=cmd_join)
 
@@ -76,6 +78,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     from p2pgen.agent.agent import Agent, AgentConfig, JoinError
     try:
         detector = config_from_args(args)
+        state = state_config_from_args(args)
         secret = load_secret(args.secret_file, args.job)
     except (ValueError, SecretError) as e:
         print(f"p2pgen join: {e}", file=sys.stderr)
@@ -83,7 +86,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
                               min_members=args.min_members, detector=detector, join_timeout=args.join_timeout,
-                              attach_grace=args.attach_grace, channel_dir=args.channel_dir))
+                              attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
     try:
@@ -188,7 +191,12 @@ def run_local_demo(args: argparse.Namespace) -> int:
     if not 0 < n <= 64 or args.base_port + 5 * n >= 32768:
         print("p2pgen join --local: N must be 1..64 and every port below 32768", file=sys.stderr)
         return 2
-    agent_args = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
+    try:
+        state = state_config_from_args(args)
+    except ValueError as e:
+        print(f"p2pgen join --local: {e}", file=sys.stderr)
+        return 2
+    agent_args = [*state_flags(state), f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
