@@ -135,9 +135,9 @@ class Step:
             self._agree_on_boundary()      # a step with no collective still agrees on the boundary
         revision = self.peer.state.commit()
         self.committed = True
-        self.peer.trace.record("commit", generation=self.generation, revision=revision)
-        if self.peer.keeper is not None:
+        if self.peer.keeper is not None:       # the local copy holds the revision before commit() returns
             self.peer.keeper.committed(self.peer.certificate, self.rank)
+        self.peer.trace.record("commit", generation=self.generation, revision=revision)
         return revision
 
     def __enter__(self) -> "Step":

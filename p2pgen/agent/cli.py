@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from datetime import datetime
 from typing import Any
 
@@ -153,10 +154,15 @@ def format_show(shown: dict[str, Any]) -> str:
             f"frontier: revision {cert['frontier']['revision']}, digest {cert['frontier']['digest'] or '<empty>'}; "
             f"owners {', '.join(cert['owners'])} (ownership v{cert['ownership_version']}); "
             f"collective seq frontier {cert['collective_seq_frontier']}",
+            f"state:    epoch {cert.get('state_epoch', 1)}, from {cert.get('frontier_source', 'members')}; "
+            f"if it would regress: wait {state['rules']['regress_wait']:g} s, then "
+            f"{'allow' if state['rules']['allow_fresh_start'] else 'refuse'} a fresh start from revision 0",
         ]
+        if cert.get("recovery"):
+            lines.append(f"RECOVERY: {cert['recovery']}")
         quiescence = {q["peer_id"]: q["quiescence"] for q in cert["quiescence"]}
         revisions = {r["peer_id"]: r["revision"] for r in cert["revisions"]}
-        pulled = {p["peer_id"]: "/".join(p["sources"]) for p in cert["pulled"]}
+        pulled = {p["peer_id"]: "checkpoint" if p.get("checkpoint") else "/".join(p["sources"]) for p in cert["pulled"]}
         rows = [["rank", "peer", "incarnation", f"quiescence(g{cert['parent']})", "revision", "pulled from", "agent"]]
         rows += [[m["rank"], m["peer_id"], m["incarnation"], quiescence[m["peer_id"]], revisions[m["peer_id"]],
                   pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")] for m in cert["members"]]
@@ -171,7 +177,18 @@ def format_show(shown: dict[str, Any]) -> str:
         members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in pending["members"])
         lines.append(f"pending:  generation {pending['generation']} [{members}] ready: "
                      f"{', '.join(pending['ready']) or 'none'} — {pending['reason']}")
+        if pending.get("hold"):
+            lines.append(format_hold(pending["hold"]))
     return "\n".join(lines)
+
+
+def format_hold(hold: dict[str, Any], now: float | None = None) -> str:
+    """The loud line `show` prints for a proposal held because its frontier would regress."""
+    now = time.time() if now is None else now
+    left = hold["until"] - now
+    when = f"{left:.0f} s left" if left > 0 else f"over since {_when(hold['until'])}: falls back when a member asks"
+    return (f"HELD:     certified revision {hold['certified']} is missing; best available revision "
+            f"{hold['best']['revision']}; waiting since {_when(hold['since'])} ({when}). {hold['reason']}")
 
 
 def format_history(history: list[dict[str, Any]]) -> str:
