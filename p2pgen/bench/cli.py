@@ -110,9 +110,12 @@ def _add_survive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes", nargs="+", type=float, help="copies: state sizes in MB (default 16 128; --quick: 16)")
     p.add_argument("--killall-mb", type=float, help="killall: state size in MB (default 64; --quick: 16)")
     p.add_argument("--trials", type=int, help="killall: kills per configuration (default 3; --quick: 1)")
-    p.add_argument("--quick", action="store_true", help="a short run of both sections")
-    p.add_argument("--only", action="append", metavar="SECTION", choices=("copies", "killall"),
-                   help="run only this section (repeatable): copies, killall")
+    p.add_argument("--churn-seconds", type=float, help="churn: seconds of faults per configuration (default 240; "
+                                                       "--quick: 40)")
+    p.add_argument("--seed", type=int, help="churn: seed of the fault schedule (default 1)")
+    p.add_argument("--quick", action="store_true", help="a short run of every section")
+    p.add_argument("--only", action="append", metavar="SECTION", choices=("copies", "killall", "churn"),
+                   help="run only this section (repeatable): copies, killall, churn")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--out", help="also write the JSON to this file")
     p.set_defaults(func=_run_survive)
@@ -124,11 +127,12 @@ def _run_survive(args: argparse.Namespace) -> int:
     from p2pgen.bench import survive
 
     if (args.trials is not None and args.trials < 1) or any(s <= 0 for s in args.sizes or ()) or (
-            args.killall_mb is not None and args.killall_mb <= 0):
-        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --sizes and --killall-mb > 0")
+            args.killall_mb is not None and args.killall_mb <= 0) or (
+            args.churn_seconds is not None and args.churn_seconds <= 0):
+        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --sizes, --killall-mb and --churn-seconds > 0")
     plan = survive.Plan.quick() if args.quick else survive.Plan()
     given = {"sizes_mb": tuple(args.sizes) if args.sizes else None, "killall_mb": args.killall_mb,
-             "trials": args.trials}
+             "trials": args.trials, "churn_s": args.churn_seconds, "seed": args.seed}
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
     sections = tuple(s for s in survive.SECTIONS if not args.only or s in args.only)
     return survive.main(plan, sections, args.json, args.out)

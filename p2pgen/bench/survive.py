@@ -15,6 +15,11 @@ Two sections, each printed beside its baseline measured in the same run:
      state could outlive its processes (the job restarts from revision 0).
    Per kill: the revision committed before it, the revision the job resumed at, steps lost, seconds from
    the kill to the first commit after it, and how the new incarnations got their state.
+3. `churn` (real agents): 5 members train under a seeded fault schedule (every 0.5-3 s: SIGKILL of one
+   application; of 2-3 applications within 0.3 s; of a whole agent, replaced 1 s later at the same
+   address; SIGSTOP of an application for 0.3-2 s), once with local copies and once as before
+   (`none`). For every generation activated: the revision it resumed at against the highest revision
+   any member had committed before, and against the certified one.
 
 Invariant: every process it starts is stopped by pid (`Cluster.stop_all`) before a section returns.
 """
@@ -25,6 +30,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +47,8 @@ from p2pgen.testing.agents import Cluster, free_control_ports
 PEERS = ("s0", "s1", "s2")
 DETECT = ("--attach-grace=60", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
           "--heartbeat-interval=0.1", "--max-restarts=1000")
-SECTIONS = ("copies", "killall")
+SECTIONS = ("copies", "killall", "churn")
+CHURN_PEERS = tuple(f"c{i}" for i in range(5))
 
 
 @dataclass(frozen=True)
@@ -54,10 +61,13 @@ class Plan:
     regress_wait: float = 2.0
     step_delay: float = 0.02
     configs: tuple[str, ...] = ("local copy", "checkpoint", "none")
+    churn_s: float = 240.0
+    churn_mb: float = 16.0
+    seed: int = 1
 
     @classmethod
     def quick(cls) -> "Plan":
-        return cls(sizes_mb=(16.0,), repeats=2, killall_mb=16.0, trials=1)
+        return cls(sizes_mb=(16.0,), repeats=2, killall_mb=16.0, trials=1, churn_s=40.0)
 
 
 # --- 1. copies ---------------------------------------------------------------------------------------
@@ -231,6 +241,135 @@ def format_killall(rows: list[dict[str, Any]], plan: Plan) -> str:
             "its processes)")
 
 
+# --- 3. churn -----------------------------------------------------------------------------------------
+
+class _Churn:
+    """One churn run: 5 agents, the seeded fault schedule, every process stopped by pid at the end."""
+
+    def __init__(self, config: str, plan: Plan, workdir: Path) -> None:
+        import random
+        self.plan, self.config = plan, config
+        self.rng = random.Random(plan.seed)
+        self.traces = workdir / "traces"
+        self.traces.mkdir(parents=True)
+        self.cluster = Cluster(workdir, job="bench-churn", detect=DETECT)
+        self.command = [sys.executable, "-m", "p2pgen.bench.apps.survive", f"--mbytes={plan.churn_mb}",
+                        f"--step-delay={plan.step_delay}"]
+        self.addrs = dict(zip(CHURN_PEERS, (f"127.0.0.1:{p}" for p in free_control_ports(len(CHURN_PEERS)))))
+        self.replace: list[tuple[float, str]] = []
+        self.actions: list[str] = []
+
+    def run(self) -> None:
+        for peer in CHURN_PEERS:
+            self._start(peer, initial=True)
+        run = _Run(self.cluster, self.traces, list(self.addrs.values()))
+        run.wait(lambda: len({e["peer"] for e in run.commits()}) == len(CHURN_PEERS), 120, "churn: all training")
+        end = time.monotonic() + self.plan.churn_s
+        next_fault = time.monotonic()
+        while time.monotonic() < end:
+            now = time.monotonic()
+            for due, peer in list(self.replace):
+                if now >= due:
+                    self.replace.remove((due, peer))
+                    self._start(peer, initial=False)
+            if now >= next_fault:
+                self._fault()
+                next_fault = now + self.rng.uniform(0.5, 3.0)
+            time.sleep(0.05)
+
+    def _start(self, peer: str, initial: bool) -> None:
+        addr = self.addrs[peer]
+        extra = (*_agent_flags(self.config, self.plan, Path(self.traces).parent), "--min-members=5") if initial \
+            else _agent_flags(self.config, self.plan, Path(self.traces).parent)
+        self.cluster.start(peer, addr, [a for a in self.addrs.values() if a != addr], command=self.command,
+                           extra=extra)
+
+    def _app_pid(self, peer: str) -> int | None:
+        try:
+            with self.cluster.client(self.addrs[peer]) as c:
+                return c.show()["agent"]["app_pid"]
+        except Exception:          # the agent is restarting: no fault this time
+            return None
+
+    def _fault(self) -> None:
+        live = [p for p in CHURN_PEERS if self.cluster.agents[p].alive() and p not in {x for _, x in self.replace}]
+        kind = self.rng.choices(("kill_app", "kill_apps", "kill_agent", "pause_app"), (55, 15, 15, 15))[0]
+        if kind == "kill_agent" and len(live) == len(CHURN_PEERS):
+            peer = self.rng.choice(live)
+            os.killpg(self.cluster.agents[peer].pid, signal.SIGKILL)
+            self.cluster.agents[peer].proc.wait(10)
+            self.replace.append((time.monotonic() + 1.0, peer))
+            self.actions.append(f"kill agent {peer}")
+            return
+        victims = self.rng.sample(live, min(len(live), self.rng.choice((2, 3)) if kind == "kill_apps" else 1))
+        for peer in victims:
+            pid = self._app_pid(peer)
+            if pid is None:
+                continue
+            try:
+                if kind == "pause_app":
+                    os.kill(pid, signal.SIGSTOP)
+                    subprocess.Popen(["/bin/sh", "-c", f"sleep {self.rng.uniform(0.3, 2.0):.2f}; kill -CONT {pid}"],
+                                     start_new_session=True, stderr=subprocess.DEVNULL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.actions.append(f"{'pause' if kind == 'pause_app' else 'kill'} application of {peer}")
+
+
+def churn(config: str, plan: Plan, workdir: Path) -> dict[str, Any]:
+    """One churn run under `config`; the regressions found in its traces."""
+    env_before = os.environ.get("P2PGEN_TRACE_DIR")
+    job = _Churn(config, plan, workdir)
+    os.environ["P2PGEN_TRACE_DIR"] = str(job.traces)
+    try:
+        job.run()
+    finally:
+        job.cluster.stop_all()
+        if env_before is None:
+            os.environ.pop("P2PGEN_TRACE_DIR", None)
+        else:
+            os.environ["P2PGEN_TRACE_DIR"] = env_before
+    events = _Run(job.cluster, job.traces, []).refresh()
+    return {"config": config, "actions": len(job.actions), **regressions(events)}
+
+
+def regressions(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every generation's resumption against the highest revision committed before it (by anyone), and
+    against the revision certified before it."""
+    events = sorted(events, key=lambda e: e["t"])
+    top, certified, seen = 0, 0, set()
+    lost_vs_committed, lost_vs_certified, generations = [], [], 0
+    for e in events:
+        if e["event"] == "commit":
+            top = max(top, e["revision"])
+        elif e["event"] == "active" and e["generation"] not in seen:
+            seen.add(e["generation"])
+            generations += 1
+            if e["revision"] < top:
+                lost_vs_committed.append(top - e["revision"])
+            if e["revision"] < certified:
+                lost_vs_certified.append(certified - e["revision"])
+            certified, top = e["revision"], max(top, e["revision"])
+    return {"generations": generations, "final_revision": top,
+            "resumed_below_committed": len(lost_vs_committed), "steps_lost_vs_committed": sum(lost_vs_committed),
+            "resumed_below_certified": len(lost_vs_certified), "steps_lost_vs_certified": sum(lost_vs_certified),
+            "held": sum(1 for e in events if e["event"] == "held")}
+
+
+def format_churn(rows: list[dict[str, Any]], plan: Plan) -> str:
+    table = [["configuration", "faults", "generations", "final revision", "resumed below certified (steps lost)",
+              "resumed below committed (steps lost)", "held"]]
+    for r in rows:
+        table.append([r["config"], str(r["actions"]), str(r["generations"]), str(r["final_revision"]),
+                      f"{r['resumed_below_certified']} ({r['steps_lost_vs_certified']})",
+                      f"{r['resumed_below_committed']} ({r['steps_lost_vs_committed']})", str(r["held"])])
+    return (_table(table) + f"\n5 members, {plan.churn_mb:g} MB of state, {plan.churn_s:g} s of faults every "
+            f"0.5-3 s (seed {plan.seed}): kill 1 application 55%, kill 2-3 applications within 0.3 s 15%, kill an "
+            "agent (replaced after 1 s at its address) 15%, SIGSTOP an application 0.3-2 s 15%")
+
+
 # --- the whole benchmark -----------------------------------------------------------------------------
 
 def main(plan: Plan, sections: tuple[str, ...], as_json: bool, out: str | None) -> int:
@@ -247,6 +386,12 @@ def main(plan: Plan, sections: tuple[str, ...], as_json: bool, out: str | None) 
         result["killall"] = rows
         if not as_json:
             print("\n" + format_killall(rows, plan), flush=True)
+    if "churn" in sections:
+        with tempfile.TemporaryDirectory(prefix="p2pgen-churn-") as tmp:
+            result["churn"] = [churn(config, plan, Path(tmp) / f"run{i}")
+                               for i, config in enumerate(("local copy", "none"))]
+        if not as_json:
+            print("\n" + format_churn(result["churn"], plan), flush=True)
     text = json.dumps(result, indent=1, default=list)
     if as_json:
         print(text)
