@@ -21,7 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 from p2pgen.core import DEFAULT_REGRESS_WAIT
-from p2pgen.state.keeper import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_KEEP, ENV_LOCAL, ENV_RESTORE
+from p2pgen.state.keeper import (
+    ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_KEEP, ENV_LOCAL, ENV_LOCAL_EVERY, ENV_RESTORE,
+)
 
 SHM = "/dev/shm"
 
@@ -30,6 +32,7 @@ SHM = "/dev/shm"
 class StateDirConfig:
     local: bool = True                       # keep a local copy of the application's committed state
     local_base: str = ""                     # its parent folder ("": /dev/shm when writable, else the temp dir)
+    local_every: int = 1                     # saved every N commits (steps since the last one may be redone)
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
@@ -49,7 +52,8 @@ class StateDirConfig:
 
     def app_env(self, job: str, peer_id: str, listen: str) -> dict[str, str]:
         """The environment that tells an application where its state lives besides its process."""
-        env = {ENV_CHECKPOINT_EVERY: str(self.checkpoint_every), ENV_CHECKPOINT_KEEP: str(self.checkpoint_keep)}
+        env = {ENV_CHECKPOINT_EVERY: str(self.checkpoint_every), ENV_CHECKPOINT_KEEP: str(self.checkpoint_keep),
+               ENV_LOCAL_EVERY: str(self.local_every)}
         if self.local:
             env[ENV_LOCAL] = self.local_folder(job, peer_id, listen)
         if self.checkpoint_dir:
@@ -70,6 +74,9 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
                        help="do not keep a local copy of the application's committed state across its restarts")
     group.add_argument("--local-state-dir", default="", metavar="DIR",
                        help="parent folder of the local copy (default: /dev/shm when writable, else the temp dir)")
+    group.add_argument("--local-state-every", type=int, default=1, metavar="N",
+                       help="save the local copy every N commits (default 1; a crash may then redo up to N-1 "
+                            "steps committed since the last generation change, never a certified one)")
     group.add_argument("--checkpoint-dir", default="", metavar="DIR",
                        help="where checkpoints are written (rank 0, every --checkpoint-every revisions) and read")
     group.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
@@ -89,8 +96,8 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
 
 def state_config_from_args(args: argparse.Namespace) -> StateDirConfig:
     """The flags above as a config; ValueError naming the flag when one is out of range."""
-    if args.checkpoint_every < 0 or args.checkpoint_keep < 0:
-        raise ValueError("--checkpoint-every and --checkpoint-keep must be >= 0")
+    if args.checkpoint_every < 0 or args.checkpoint_keep < 0 or args.local_state_every < 1:
+        raise ValueError("--checkpoint-every and --checkpoint-keep must be >= 0, --local-state-every >= 1")
     if not 0 <= args.regress_wait <= 86400:
         raise ValueError(f"--regress-wait must be within 0..86400 seconds, got {args.regress_wait}")
     if args.checkpoint_every and not args.checkpoint_dir:
@@ -99,6 +106,7 @@ def state_config_from_args(args: argparse.Namespace) -> StateDirConfig:
         if not os.path.isdir(d):
             raise ValueError(f"--restore {d}: no such folder")
     return StateDirConfig(local=not args.no_local_state, local_base=args.local_state_dir,
+                          local_every=args.local_state_every,
                           checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                           checkpoint_keep=args.checkpoint_keep, restore=list(args.restore),
                           regress_wait=args.regress_wait, allow_fresh_start=args.allow_fresh_start)
@@ -107,7 +115,7 @@ def state_config_from_args(args: argparse.Namespace) -> StateDirConfig:
 def state_flags(config: StateDirConfig) -> list[str]:
     """The flags that recreate `config` (for `--local`, which starts agents as processes)."""
     flags = [f"--checkpoint-every={config.checkpoint_every}", f"--checkpoint-keep={config.checkpoint_keep}",
-             f"--regress-wait={config.regress_wait}"]
+             f"--regress-wait={config.regress_wait}", f"--local-state-every={config.local_every}"]
     if not config.local:
         flags.append("--no-local-state")
     if config.local_base:

@@ -112,6 +112,7 @@ def _add_survive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, help="killall: kills per configuration (default 3; --quick: 1)")
     p.add_argument("--churn-seconds", type=float, help="churn: seconds of faults per configuration (default 240; "
                                                        "--quick: 40)")
+    p.add_argument("--churn-members", type=int, help="churn: members (default 5)")
     p.add_argument("--seed", type=int, help="churn: seed of the fault schedule (default 1)")
     p.add_argument("--quick", action="store_true", help="a short run of every section")
     p.add_argument("--only", action="append", metavar="SECTION", choices=("copies", "killall", "churn"),
@@ -128,11 +129,14 @@ def _run_survive(args: argparse.Namespace) -> int:
 
     if (args.trials is not None and args.trials < 1) or any(s <= 0 for s in args.sizes or ()) or (
             args.killall_mb is not None and args.killall_mb <= 0) or (
-            args.churn_seconds is not None and args.churn_seconds <= 0):
-        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --sizes, --killall-mb and --churn-seconds > 0")
+            args.churn_seconds is not None and args.churn_seconds <= 0) or (
+            args.churn_members is not None and args.churn_members < 3):
+        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --churn-members >= 3, --sizes, --killall-mb "
+                         "and --churn-seconds > 0")
     plan = survive.Plan.quick() if args.quick else survive.Plan()
     given = {"sizes_mb": tuple(args.sizes) if args.sizes else None, "killall_mb": args.killall_mb,
-             "trials": args.trials, "churn_s": args.churn_seconds, "seed": args.seed}
+             "trials": args.trials, "churn_s": args.churn_seconds, "seed": args.seed,
+             "churn_members": args.churn_members}
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
     sections = tuple(s for s in survive.SECTIONS if not args.only or s in args.only)
     return survive.main(plan, sections, args.json, args.out)

@@ -15,7 +15,7 @@ Two sections, each printed beside its baseline measured in the same run:
      state could outlive its processes (the job restarts from revision 0).
    Per kill: the revision committed before it, the revision the job resumed at, steps lost, seconds from
    the kill to the first commit after it, and how the new incarnations got their state.
-3. `churn` (real agents): 5 members train under a seeded fault schedule (every 0.5-3 s: SIGKILL of one
+3. `churn` (real agents): 5 members (`--churn-members`) train under a seeded fault schedule (every 0.5-3 s: SIGKILL of one
    application; of 2-3 applications within 0.3 s; of a whole agent, replaced 1 s later at the same
    address; SIGSTOP of an application for 0.3-2 s), once with local copies and once as before
    (`none`). For every generation activated: the revision it resumed at against the highest revision
@@ -48,7 +48,6 @@ PEERS = ("s0", "s1", "s2")
 DETECT = ("--attach-grace=60", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
           "--heartbeat-interval=0.1", "--max-restarts=1000")
 SECTIONS = ("copies", "killall", "churn")
-CHURN_PEERS = tuple(f"c{i}" for i in range(5))
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,7 @@ class Plan:
     step_delay: float = 0.02
     configs: tuple[str, ...] = ("local copy", "checkpoint", "none")
     churn_s: float = 240.0
+    churn_members: int = 5
     churn_mb: float = 16.0
     seed: int = 1
 
@@ -255,15 +255,16 @@ class _Churn:
         self.cluster = Cluster(workdir, job="bench-churn", detect=DETECT)
         self.command = [sys.executable, "-m", "p2pgen.bench.apps.survive", f"--mbytes={plan.churn_mb}",
                         f"--step-delay={plan.step_delay}"]
-        self.addrs = dict(zip(CHURN_PEERS, (f"127.0.0.1:{p}" for p in free_control_ports(len(CHURN_PEERS)))))
+        self.peers = tuple(f"c{i}" for i in range(plan.churn_members))
+        self.addrs = dict(zip(self.peers, (f"127.0.0.1:{p}" for p in free_control_ports(len(self.peers)))))
         self.replace: list[tuple[float, str]] = []
         self.actions: list[str] = []
 
     def run(self) -> None:
-        for peer in CHURN_PEERS:
+        for peer in self.peers:
             self._start(peer, initial=True)
         run = _Run(self.cluster, self.traces, list(self.addrs.values()))
-        run.wait(lambda: len({e["peer"] for e in run.commits()}) == len(CHURN_PEERS), 120, "churn: all training")
+        run.wait(lambda: len({e["peer"] for e in run.commits()}) == len(self.peers), 120, "churn: all training")
         end = time.monotonic() + self.plan.churn_s
         next_fault = time.monotonic()
         while time.monotonic() < end:
@@ -279,7 +280,8 @@ class _Churn:
 
     def _start(self, peer: str, initial: bool) -> None:
         addr = self.addrs[peer]
-        extra = (*_agent_flags(self.config, self.plan, Path(self.traces).parent), "--min-members=5") if initial \
+        extra = (*_agent_flags(self.config, self.plan, Path(self.traces).parent),
+                 f"--min-members={len(self.peers)}") if initial \
             else _agent_flags(self.config, self.plan, Path(self.traces).parent)
         self.cluster.start(peer, addr, [a for a in self.addrs.values() if a != addr], command=self.command,
                            extra=extra)
@@ -292,9 +294,9 @@ class _Churn:
             return None
 
     def _fault(self) -> None:
-        live = [p for p in CHURN_PEERS if self.cluster.agents[p].alive() and p not in {x for _, x in self.replace}]
+        live = [p for p in self.peers if self.cluster.agents[p].alive() and p not in {x for _, x in self.replace}]
         kind = self.rng.choices(("kill_app", "kill_apps", "kill_agent", "pause_app"), (55, 15, 15, 15))[0]
-        if kind == "kill_agent" and len(live) == len(CHURN_PEERS):
+        if kind == "kill_agent" and len(live) == len(self.peers):
             peer = self.rng.choice(live)
             os.killpg(self.cluster.agents[peer].pid, signal.SIGKILL)
             self.cluster.agents[peer].proc.wait(10)
@@ -365,7 +367,7 @@ def format_churn(rows: list[dict[str, Any]], plan: Plan) -> str:
         table.append([r["config"], str(r["actions"]), str(r["generations"]), str(r["final_revision"]),
                       f"{r['resumed_below_certified']} ({r['steps_lost_vs_certified']})",
                       f"{r['resumed_below_committed']} ({r['steps_lost_vs_committed']})", str(r["held"])])
-    return (_table(table) + f"\n5 members, {plan.churn_mb:g} MB of state, {plan.churn_s:g} s of faults every "
+    return (_table(table) + f"\n{plan.churn_members} members, {plan.churn_mb:g} MB of state, {plan.churn_s:g} s of faults every "
             f"0.5-3 s (seed {plan.seed}): kill 1 application 55%, kill 2-3 applications within 0.3 s 15%, kill an "
             "agent (replaced after 1 s at its address) 15%, SIGSTOP an application 0.3-2 s 15%")
 

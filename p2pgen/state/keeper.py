@@ -33,6 +33,7 @@ from p2pgen.state.shared import SharedState
 log = logging.getLogger(__name__)
 
 ENV_LOCAL = "P2PGEN_LOCAL_STATE_DIR"
+ENV_LOCAL_EVERY = "P2PGEN_LOCAL_STATE_EVERY"
 ENV_CHECKPOINT_DIR = "P2PGEN_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "P2PGEN_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_KEEP = "P2PGEN_CHECKPOINT_KEEP"
@@ -42,6 +43,7 @@ ENV_RESTORE = "P2PGEN_RESTORE_DIR"
 @dataclass(frozen=True)
 class StateKeeperConfig:
     local_dir: str = ""              # the local copy's folder ("": no local copy)
+    local_every: int = 1             # save it every N commits (and at every activation that changed the state)
     checkpoint_dir: str = ""         # where checkpoints are written and read ("": none)
     checkpoint_every: int = 0        # write one every N revisions (0: never write)
     checkpoint_keep: int = 3
@@ -49,12 +51,13 @@ class StateKeeperConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "StateKeeperConfig":
-        every = env.get(ENV_CHECKPOINT_EVERY, "0")
-        keep = env.get(ENV_CHECKPOINT_KEEP, "3")
-        if not every.isdigit() or not keep.isdigit():
-            raise ValueError(f"{ENV_CHECKPOINT_EVERY}={every!r} and {ENV_CHECKPOINT_KEEP}={keep!r} must be "
-                             "whole numbers >= 0")
-        return cls(env.get(ENV_LOCAL, ""), env.get(ENV_CHECKPOINT_DIR, ""), int(every), int(keep),
+        numbers = {name: env.get(name, default) for name, default in
+                   ((ENV_LOCAL_EVERY, "1"), (ENV_CHECKPOINT_EVERY, "0"), (ENV_CHECKPOINT_KEEP, "3"))}
+        if not all(v.isdigit() for v in numbers.values()) or numbers[ENV_LOCAL_EVERY] == "0":
+            raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in numbers.items())}: whole numbers >= 0 "
+                             f"({ENV_LOCAL_EVERY} >= 1)")
+        return cls(env.get(ENV_LOCAL, ""), int(numbers[ENV_LOCAL_EVERY]), env.get(ENV_CHECKPOINT_DIR, ""),
+                   int(numbers[ENV_CHECKPOINT_EVERY]), int(numbers[ENV_CHECKPOINT_KEEP]),
                    tuple(d for d in env.get(ENV_RESTORE, "").split(os.pathsep) if d))
 
     @property
@@ -144,8 +147,9 @@ class StateKeeper:
             self._save_local(cert)
 
     def committed(self, cert: dict[str, Any], rank: int) -> None:
-        """After a commit: save the local copy; rank 0 writes a checkpoint every `checkpoint_every` revisions."""
-        if self.local is not None:
+        """After a commit: save the local copy (every `local_every` revisions); rank 0 writes a checkpoint
+        every `checkpoint_every` revisions."""
+        if self.local is not None and self.state.revision % self.config.local_every == 0:
             self._save_local(cert)
         every = self.config.checkpoint_every
         if rank == 0 and every and self.config.checkpoint_dir and self.state.revision % every == 0:
@@ -162,8 +166,14 @@ class StateKeeper:
     # --- helpers -------------------------------------------------------------------------------------
 
     def _save_local(self, cert: dict[str, Any]) -> None:
-        info = self.local.save(self.state, instance=self.instance, incarnation=self.identity[1],
-                               generation=cert["generation"], epoch=self.epoch)
+        """Save the local copy; a failure (a full tmpfs) is logged and training goes on with the older copy."""
+        try:
+            info = self.local.save(self.state, instance=self.instance, incarnation=self.identity[1],
+                                   generation=cert["generation"], epoch=self.epoch)
+        except OSError as e:
+            log.error("local copy of revision %d in %s failed: %s; a crash now would resume from the previous "
+                      "copy", self.state.revision, self.local.folder, e)
+            return
         self._saved = (info.revision, info.digest)
 
     def _candidates(self, job_state: dict[str, Any]) -> list[tuple[CheckpointInfo, int]]:

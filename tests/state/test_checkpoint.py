@@ -161,3 +161,16 @@ def test_restore_uses_a_copy_of_this_run_and_branch_only(tmp_path):
         note = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path)), state, "job", ("a", 2)).restore(js)
         assert state.revision == revision, note
     assert json.loads((tmp_path / "current.json").read_text())["epoch"] == 1
+
+
+def test_the_local_copy_every_n_commits_is_also_saved_at_each_activation(tmp_path):
+    state = at(0)
+    keeper = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path), local_every=3), state, "job", ("a", 1))
+    keeper.vote_fields(job_state())
+    cert = {"generation": 2, "state_epoch": 1, "frontier": {"revision": 0, "digest": ""}}
+    for _ in range(7):
+        state.commit()
+        keeper.committed(cert, 1)
+    assert keeper.local.describe().revision == 6
+    keeper.activated({**cert, "generation": 3, "frontier": {"revision": 7, "digest": state.digest()}})
+    assert keeper.local.describe().revision == 7          # the certified revision is always in the copy
