@@ -338,23 +338,23 @@ def churn(config: str, plan: Plan, workdir: Path) -> dict[str, Any]:
 
 
 def regressions(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every generation's resumption against the highest revision committed before it (by anyone), and
-    against the revision certified before it."""
+    """Every generation's resumption against the highest revision committed (by anyone) since the generation
+    before it, and against the revision that one certified: each loss is counted once, on the branch where
+    it happened."""
     events = sorted(events, key=lambda e: e["t"])
-    top, certified, seen = 0, 0, set()
-    lost_vs_committed, lost_vs_certified, generations = [], [], 0
+    top, certified, final, seen = 0, 0, 0, set()
+    lost_vs_committed, lost_vs_certified = [], []
     for e in events:
         if e["event"] == "commit":
-            top = max(top, e["revision"])
+            top, final = max(top, e["revision"]), max(final, e["revision"])
         elif e["event"] == "active" and e["generation"] not in seen:
             seen.add(e["generation"])
-            generations += 1
             if e["revision"] < top:
                 lost_vs_committed.append(top - e["revision"])
             if e["revision"] < certified:
                 lost_vs_certified.append(certified - e["revision"])
-            certified, top = e["revision"], max(top, e["revision"])
-    return {"generations": generations, "final_revision": top,
+            certified = top = e["revision"]
+    return {"generations": len(seen), "final_revision": final,
             "resumed_below_committed": len(lost_vs_committed), "steps_lost_vs_committed": sum(lost_vs_committed),
             "resumed_below_certified": len(lost_vs_certified), "steps_lost_vs_certified": sum(lost_vs_certified),
             "held": sum(1 for e in events if e["event"] == "held")}
