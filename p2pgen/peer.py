@@ -31,6 +31,9 @@ Invariants kept:
   must exit (its agent restarts it as a new incarnation): `Evicted` (this incarnation was removed from
   the job) and `AgentLost` (the local agent died or stopped answering). An agent that answers but
   cannot take a command now (no Raft quorum, its node restarting) is waited for, never raised.
+- State that outlives this process (`p2pgen.state.keeper`): the local copy is restored before the first
+  vote and saved after every commit and catch-up; a generation held because its frontier would regress
+  is asked to fall back only once its wait is over, and a regressed activation is logged loudly.
 """
 
 from __future__ import annotations
@@ -51,15 +54,18 @@ from p2pgen.auth import load_secret
 from p2pgen.channel import Channel, ChannelListener, ChannelReceiver
 from p2pgen.collectives import Backend
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
-from p2pgen.core import Command, Frontier, Ready, Reform, Synced
+from p2pgen.core import Command, Fallback, Frontier, Ready, Reform, Synced
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
-from p2pgen.state import SharedState, Source, StateServer, pull_state
+from p2pgen.state import (
+    CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, pull_state,
+)
 from p2pgen.transport import Endpoint, Group, Transport
 
 log = logging.getLogger(__name__)
 
 WATCH_POLL_S = 1.0
 AGENT_SILENT_TRIES = 3           # consecutive unanswered calls after which the local agent counts as lost
+FALLBACK_EVERY_S = 1.0
 
 
 class Trace:
@@ -135,6 +141,8 @@ class Step:
             self._agree_on_boundary()      # a step with no collective still agrees on the boundary
         revision = self.peer.state.commit()
         self.committed = True
+        if self.peer.keeper is not None:       # the local copy holds the revision before commit() returns
+            self.peer.keeper.committed(self.peer.certificate, self.rank)
         self.peer.trace.record("commit", generation=self.generation, revision=revision)
         return revision
 
@@ -156,10 +164,11 @@ class Peer:
     def __init__(self, job: str, state: SharedState, agent_addr: str, peer_id: str, incarnation: int,
                  secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
                  reform_after: float = 1.5, backend: str = "tcp", channel_addr: str | None = None,
-                 channel_dir: str | None = None) -> None:
+                 channel_dir: str | None = None, keep: StateKeeperConfig | None = None) -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
         self.backend_kind = check_kind(backend)
         self.identity = (peer_id, incarnation)
+        self.keeper = StateKeeper(keep, state, job, self.identity) if keep is not None and keep.enabled else None
         self.secret = secret
         self.reform_after = reform_after
         self.trace = Trace(trace_path, self.identity)
@@ -309,6 +318,7 @@ class Peer:
         voted: int | None = None
         synced: int | None = None
         last_reform = time.monotonic()
+        last_fallback: tuple[int, float] = (0, 0.0)     # (generation, when) of the last hold seen or fallback asked
         while not self._closed.is_set():
             view = self._wait_view(0.2)
             state = view["state"]
@@ -326,6 +336,8 @@ class Peer:
                         raise Evicted("could not prove quiescence of the old generation: restart as a new incarnation")
                 if pending["frontier"] and synced != pending["generation"] and self._sync_if_told(pending, state):
                     synced = pending["generation"]
+                if pending.get("hold") and voted == pending["generation"]:
+                    last_fallback = self._ask_fallback(pending, last_fallback)
             elif active and self._in(active) and voted is None and time.monotonic() - last_reform > self.reform_after:
                 self._request_reform_if_active("collective failed with no membership change known")
                 last_reform = time.monotonic()
@@ -345,16 +357,22 @@ class Peer:
     def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> bool:
         """Vote `ready` for `pending`; False when the agent could not take the vote now (retried later)."""
         generation = pending["generation"]
+        extra: dict[str, Any] = {}
+        if self.keeper is not None:
+            restored = self.keeper.restore(self._view["state"])     # once, before anything is served
+            if restored:
+                self.trace.record("restore", generation=generation, revision=self.state.revision, note=restored)
+            extra = self.keeper.vote_fields(self._view["state"])
         self._serving.close()
         self._serving.enter_context(self.state_server.serving(generation))   # frozen until the next step
         digest = self.state.digest()
         comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
         outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, quiescence, self.state.revision,
-                                     digest, seq, comm_id=comm_id, at=time.time()))
+                                     digest, seq, comm_id=comm_id, at=time.time(), **extra))
         if outcome is None:
             return False
         self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
-                          quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"])
+                          quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"], **extra)
         return True
 
     def _submit(self, command: Command) -> dict[str, Any] | None:
@@ -373,6 +391,8 @@ class Peer:
         pull = next((p for p in pending["pulls"] if p["peer_id"] == self.peer_id), None)
         if pull is None:
             return True
+        if pull.get("checkpoint"):
+            return self._load_checkpoint(pending)
         addrs = {m["peer_id"]: m for m in state["members"]}
         sources = []
         for peer_id in pull["sources"]:
@@ -397,6 +417,45 @@ class Peer:
                           reason=outcome["reason"], report=str(report))
         return outcome["ok"]
 
+    def _load_checkpoint(self, pending: dict[str, Any]) -> bool:
+        """The election chose a checkpoint this process offered: load it, serve it, report `synced`."""
+        generation, frontier = pending["generation"], pending["frontier"]
+        if self.keeper is None:
+            return False
+        try:
+            line = self.keeper.load_frontier_checkpoint(self._view["state"], Frontier(frontier["revision"],
+                                                                                        frontier["digest"]))
+        except CheckpointError as e:
+            self.trace.record("checkpoint_failed", generation=generation, reason=str(e))
+            self.close()
+            raise Evicted(f"{e}: this process must not report synced; its agent restarts it") from e
+        log.warning("generation %d: %s", generation, line)
+        self._serving.close()
+        self._serving.enter_context(self.state_server.serving(generation))   # members without it pull from us
+        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time()))
+        if outcome is None:
+            return False
+        self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
+                          reason=outcome["reason"], report=line)
+        return outcome["ok"]
+
+    def _ask_fallback(self, pending: dict[str, Any], last: tuple[int, float]) -> tuple[int, float]:
+        """A held proposal: say so once, and ask it to fall back (about once a second) once its wait is over."""
+        hold, generation = pending["hold"], pending["generation"]
+        if last[0] != generation:
+            log.warning("generation %d is HELD: %s", generation, hold["reason"])
+            self.trace.record("held", generation=generation, **hold)
+            last = (generation, 0.0)
+        if time.time() < hold["until"] or time.monotonic() - last[1] < FALLBACK_EVERY_S:
+            return last
+        outcome = self._submit(Fallback(generation, self.peer_id, self.incarnation, at=time.time()))
+        if outcome is None:
+            return (generation, time.monotonic())
+        self.trace.record("fallback", generation=generation, ok=outcome["ok"], reason=outcome["reason"])
+        if not outcome["ok"] and last[1] == 0.0:
+            log.error("generation %d cannot fall back: %s", generation, outcome["reason"])
+        return (generation, time.monotonic())
+
     def _activate(self, cert: dict[str, Any]) -> None:
         endpoints = []
         for m in cert["members"]:
@@ -406,6 +465,11 @@ class Peer:
         group = Group(self.job, cert["generation"], endpoints, rank)
         self.certificate = cert
         self._serving.close()
+        if cert.get("recovery"):
+            (log.warning if cert.get("regressed_from") is not None else log.info)(
+                "generation %d: %s", cert["generation"], cert["recovery"])
+        if self.keeper is not None:
+            self.keeper.activated(cert)
         self.trace.record("active", generation=cert["generation"], rank=rank, world=len(endpoints),
                           revision=self.state.revision, frontier=cert["frontier"], raft_index=cert["raft_index"])
         self.backend = backend_factory(self.backend_kind, cert, self.transport, group)
@@ -505,4 +569,4 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     return Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
                 secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace,
                 backend=env.get("P2PGEN_BACKEND", "tcp"), channel_addr=env.get("P2PGEN_CHANNEL_ADDR"),
-                channel_dir=env.get("P2PGEN_CHANNEL_DIR"))
+                channel_dir=env.get("P2PGEN_CHANNEL_DIR"), keep=StateKeeperConfig.from_env(env))

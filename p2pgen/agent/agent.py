@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
 from p2pgen.agent.raftmember import JoinError, RaftMembership, control_addr_of
 from p2pgen.agent.rpc import RpcServer, split_addr
+from p2pgen.agent.statedir import StateDirConfig
 from p2pgen.agent.supervisor import Application
 from p2pgen.agent.voters import VoterManager
 from p2pgen.agent.wire import command_from_wire
@@ -87,6 +88,7 @@ class AgentConfig:
     channel_dir: str = ""                         # consumption logs of this peer's channels (kept across incarnations)
     attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
     trace_dir: str = ""                           # Raft safety trace (default: $P2PGEN_TRACE_DIR/raft, else none)
+    state: StateDirConfig = field(default_factory=StateDirConfig)   # local copy, checkpoints, regression rule
 
 
 @dataclass
@@ -124,7 +126,7 @@ class Agent:
         self._stopped_app: tuple[Application, float] | None = None
         self._leaderless_since: float | None = None
         self._last_membership_check = 0.0
-        self._configured = config.min_members <= 1
+        self._configured = config.min_members <= 1 and not config.state.sets_job_rules
         self._agents: set[str] = set()            # heartbeat targets (see _heartbeat_targets)
         self._agents_lock = threading.Lock()
         host, port = split_addr(self.addr)
@@ -197,8 +199,9 @@ class Agent:
         if incarnation is None or not self._app_ready_to_register():
             return
         if not self._configured:
-            self._configured = self._submit(Configure(self.config.min_members, at=time.time()), "configure") \
-                is not None
+            rules = Configure(self.config.min_members, at=time.time(), regress_wait=self.config.state.regress_wait,
+                              allow_fresh_start=int(self.config.state.allow_fresh_start))
+            self._configured = self._submit(rules, "configure") is not None
             if not self._configured:
                 return
         outcome = self._submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time()),
@@ -240,6 +243,7 @@ class Agent:
                "P2PGEN_INCARNATION": str(incarnation), "P2PGEN_AGENT": self.addr,
                "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
                "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir}
+        env.update(self.config.state.app_env(self.config.job, self.config.peer_id, self.addr))
         if self.config.secret_file:
             env["P2PGEN_SECRET_FILE"] = self.config.secret_file
         self.app_attached = False
@@ -411,7 +415,8 @@ class Agent:
         machine = self.node.view().machine
         identity = (self.config.peer_id, relaunch.incarnation)
         in_active = machine.active is not None and identity in {m.identity for m in machine.active.members}
-        if in_active and machine.members and time.monotonic() < relaunch.due:
+        held = machine.pending is not None and machine.pending.hold is not None   # waiting for state we may hold
+        if in_active and machine.members and not held and time.monotonic() < relaunch.due:
             return
         self._relaunch = None
         self._launch_app()
@@ -440,6 +445,7 @@ class Agent:
         self._leaving.set()
         if self.app is not None:
             self.app.terminate(grace=2.0)
+            self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
         if self.node is None:
             return
         try:

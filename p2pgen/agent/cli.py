@@ -12,9 +12,11 @@ import json
 import os
 import signal
 import sys
+import time
 from datetime import datetime
 from typing import Any
 
+from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, state_flags
 from p2pgen.auth import SecretError, load_secret, read_secret_file
 from p2pgen.detect import add_detector_arguments, config_from_args
 
@@ -51,6 +53,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--chaos-seed", type=int, default=0, help="--local: seed of the fault schedule")
     join.add_argument("--steps", type=int, help="--local: steps to train (passed to COMMAND as $P2PGEN_STEPS)")
     add_detector_arguments(join)
+    add_state_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
     join.set_defaults(func=cmd_join)
 
@@ -79,6 +82,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     from p2pgen.agent.agent import Agent, AgentConfig, JoinError
     try:
         detector = config_from_args(args)
+        state = state_config_from_args(args)
         secret = load_secret(args.secret_file, args.job)
     except (ValueError, SecretError) as e:
         print(f"p2pgen join: {e}", file=sys.stderr)
@@ -86,7 +90,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
                               min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
-                              attach_grace=args.attach_grace, channel_dir=args.channel_dir))
+                              attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
     try:
@@ -158,10 +162,15 @@ def format_show(shown: dict[str, Any]) -> str:
             f"frontier: revision {cert['frontier']['revision']}, digest {cert['frontier']['digest'] or '<empty>'}; "
             f"owners {', '.join(cert['owners'])} (ownership v{cert['ownership_version']}); "
             f"collective seq frontier {cert['collective_seq_frontier']}",
+            f"state:    epoch {cert.get('state_epoch', 1)}, from {cert.get('frontier_source', 'members')}; "
+            f"if it would regress: wait {state['rules']['regress_wait']:g} s, then "
+            f"{'allow' if state['rules']['allow_fresh_start'] else 'refuse'} a fresh start from revision 0",
         ]
+        if cert.get("recovery"):
+            lines.append(f"RECOVERY: {cert['recovery']}")
         quiescence = {q["peer_id"]: q["quiescence"] for q in cert["quiescence"]}
         revisions = {r["peer_id"]: r["revision"] for r in cert["revisions"]}
-        pulled = {p["peer_id"]: "/".join(p["sources"]) for p in cert["pulled"]}
+        pulled = {p["peer_id"]: "checkpoint" if p.get("checkpoint") else "/".join(p["sources"]) for p in cert["pulled"]}
         rows = [["rank", "peer", "incarnation", f"quiescence(g{cert['parent']})", "revision", "pulled from", "agent"]]
         rows += [[m["rank"], m["peer_id"], m["incarnation"], quiescence[m["peer_id"]], revisions[m["peer_id"]],
                   pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")] for m in cert["members"]]
@@ -176,7 +185,18 @@ def format_show(shown: dict[str, Any]) -> str:
         members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in pending["members"])
         lines.append(f"pending:  generation {pending['generation']} [{members}] ready: "
                      f"{', '.join(pending['ready']) or 'none'} — {pending['reason']}")
+        if pending.get("hold"):
+            lines.append(format_hold(pending["hold"]))
     return "\n".join(lines)
+
+
+def format_hold(hold: dict[str, Any], now: float | None = None) -> str:
+    """The loud line `show` prints for a proposal held because its frontier would regress."""
+    now = time.time() if now is None else now
+    left = hold["until"] - now
+    when = f"{left:.0f} s left" if left > 0 else f"over since {_when(hold['until'])}: falls back when a member asks"
+    return (f"HELD:     certified revision {hold['certified']} is missing; best available revision "
+            f"{hold['best']['revision']}; waiting since {_when(hold['since'])} ({when}). {hold['reason']}")
 
 
 def format_history(history: list[dict[str, Any]]) -> str:
@@ -196,7 +216,12 @@ def run_local_demo(args: argparse.Namespace) -> int:
     if not 0 < n <= 64 or args.base_port + 5 * n >= 32768:
         print("p2pgen join --local: N must be 1..64 and every port below 32768", file=sys.stderr)
         return 2
-    agent_args = [f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
+    try:
+        state = state_config_from_args(args)
+    except ValueError as e:
+        print(f"p2pgen join --local: {e}", file=sys.stderr)
+        return 2
+    agent_args = [*state_flags(state), f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]

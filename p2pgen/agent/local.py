@@ -178,6 +178,8 @@ class LocalJob:
                     when = datetime.fromtimestamp(entry["at"]).strftime("%H:%M:%S.%f")[:-3]
                     print(f"[{when}] generation {entry['generation']} {entry['outcome']}: [{members}] — "
                           f"{entry['reason']}", flush=True)
+                    if entry["certificate"] and entry["certificate"].get("recovery"):
+                        print(f"[{when}]   {entry['certificate']['recovery']}", flush=True)
             return
 
     def _print_summary(self) -> None:

@@ -14,6 +14,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_allreduce(sub)
     _add_recovery(sub)
     _add_channel(sub)
+    _add_survive(sub)
 
 
 def _add_allreduce(sub: argparse._SubParsersAction) -> None:
@@ -100,3 +101,42 @@ def _run_channel(args: argparse.Namespace) -> int:
     if any(s < 16 or s % 8 for s in args.sizes):
         raise SystemExit("p2pgen bench channel: --sizes must be multiples of 8, at least 16")
     return channel.main(args.injections, args.repeats, args.sizes, args.faults, args.window, args.json, args.out)
+
+
+def _add_survive(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("survive", help="state that outlives its processes: local copy and checkpoint costs vs a "
+                                       "pull; every application killed at once with a local copy, a checkpoint, "
+                                       "or neither")
+    p.add_argument("--sizes", nargs="+", type=float, help="copies: state sizes in MB (default 16 128; --quick: 16)")
+    p.add_argument("--killall-mb", type=float, help="killall: state size in MB (default 64; --quick: 16)")
+    p.add_argument("--trials", type=int, help="killall: kills per configuration (default 3; --quick: 1)")
+    p.add_argument("--churn-seconds", type=float, help="churn: seconds of faults per configuration (default 240; "
+                                                       "--quick: 40)")
+    p.add_argument("--churn-members", type=int, help="churn: members (default 5)")
+    p.add_argument("--seed", type=int, help="churn: seed of the fault schedule (default 1)")
+    p.add_argument("--quick", action="store_true", help="a short run of every section")
+    p.add_argument("--only", action="append", metavar="SECTION", choices=("copies", "killall", "churn"),
+                   help="run only this section (repeatable): copies, killall, churn")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
+    p.add_argument("--out", help="also write the JSON to this file")
+    p.set_defaults(func=_run_survive)
+
+
+def _run_survive(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from p2pgen.bench import survive
+
+    if (args.trials is not None and args.trials < 1) or any(s <= 0 for s in args.sizes or ()) or (
+            args.killall_mb is not None and args.killall_mb <= 0) or (
+            args.churn_seconds is not None and args.churn_seconds <= 0) or (
+            args.churn_members is not None and args.churn_members < 3):
+        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --churn-members >= 3, --sizes, --killall-mb "
+                         "and --churn-seconds > 0")
+    plan = survive.Plan.quick() if args.quick else survive.Plan()
+    given = {"sizes_mb": tuple(args.sizes) if args.sizes else None, "killall_mb": args.killall_mb,
+             "trials": args.trials, "churn_s": args.churn_seconds, "seed": args.seed,
+             "churn_members": args.churn_members}
+    plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
+    sections = tuple(s for s in survive.SECTIONS if not args.only or s in args.only)
+    return survive.main(plan, sections, args.json, args.out)

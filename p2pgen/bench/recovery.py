@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from p2pgen.testing.agents import Cluster, active, active_members, free_control_ports
+from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "catchup", "overhead")
@@ -290,7 +290,8 @@ def run_steploop_block(policy: str, trials: int, first_trial: int, plan: Plan, d
         addrs = [f"127.0.0.1:{p}" for p in free_control_ports(len(PEERS))]
         for peer, addr in zip(PEERS, addrs):
             cluster.start(peer, addr, [a for a in addrs if a != addr], command=command,
-                          extra=("--min-members=3", "--max-restarts=1000"))
+                          extra=("--min-members=3", "--max-restarts=1000",
+                                 *(RESTART_ALL_AGENT_ARGS if policy == "restart-all" else ())))
         tail.wait(_training(0.0, len(PEERS)), 120, f"{policy}: training with 3 members", cluster)
         for trial in range(first_trial, first_trial + trials):
             faults.extend(_one_fault(cluster, tail, command, addrs, policy, kind, trial, plan.checkpoint_every)

@@ -2,7 +2,8 @@
 
 - `certified` (p2pgen): the normal step loop. Between generations every member votes `ready` with its
   revision and digest, the frontier is elected, members behind it pull, and only then is the next
-  generation activated (I4). A restarted process starts from the initial state and catches up.
+  generation activated (I4). A restarted process resumes from its host's local copy of its peer's last
+  committed state when it verifies (else from the initial state) and catches up.
 - `comm-only`: a new communicator per membership change and nothing else. Each member votes `ready`
   with revision 0 and no digest, so the election never orders a pull, and it continues from whatever it
   holds locally. A restarted process resumes from the snapshot its peer id last wrote (its predecessor
@@ -28,7 +29,7 @@ import numpy as np
 from p2pgen.auth import load_secret
 from p2pgen.core import Ready
 from p2pgen.peer import Peer
-from p2pgen.state import SharedState
+from p2pgen.state import SharedState, StateKeeperConfig
 
 POLICIES = ("certified", "comm-only", "restart-all")
 CHECKPOINT_EVERY = 5
@@ -111,7 +112,8 @@ def join(policy: str, state: SharedState, hook: Hook, record: Record) -> ChaosPe
     peer = PEER_CLASSES[policy](env["P2PGEN_JOB"], state, env["P2PGEN_AGENT"], env["P2PGEN_PEER_ID"],
                                 int(env["P2PGEN_INCARNATION"]),
                                 load_secret(env.get("P2PGEN_SECRET_FILE"), env["P2PGEN_JOB"]),
-                                env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"])
+                                env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"],
+                                keep=StateKeeperConfig.from_env(env) if policy == "certified" else None)
     peer.hook, peer.record = hook, record         # before the first generation: steps() activates it
     return peer
 

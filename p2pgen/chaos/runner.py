@@ -26,7 +26,7 @@ from typing import Any
 from p2pgen.agent.client import AgentClient
 from p2pgen.chaos.schedule import Schedule
 from p2pgen.errors import P2PGenError
-from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
+from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, AgentProc, Cluster, free_control_ports
 
 REPLACE_AFTER_S = 1.0
 REPLACE_FAST_S = 0.2             # inside the detection timeout: the dead agent is not even suspected yet
@@ -91,6 +91,7 @@ class _Harness:
         joins = sum(1 for i in schedule.injections if i.kind == "join")
         self.free = [f"127.0.0.1:{p}" for p in free_control_ports(schedule.members + joins)]
         self.cluster = Cluster(run_dir, job=f"chaos-{policy}-{schedule.index}", detect=DETECT)
+        self.agent_args = AGENT_ARGS + (RESTART_ALL_AGENT_ARGS if policy == "restart-all" else ())
         self.command = [sys.executable, "-m", "p2pgen.chaos.app", str(run_dir)]
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []
@@ -102,7 +103,7 @@ class _Harness:
             self._start(f"p{i}", addr, [a for a in members if a != addr], ("--min-members", str(len(members))))
 
     def _start(self, peer_id: str, addr: str, peers: list[str], extra: tuple[str, ...] = ()) -> AgentProc:
-        agent = self.cluster.start(peer_id, addr, peers, command=self.command, extra=(*AGENT_ARGS, *extra),
+        agent = self.cluster.start(peer_id, addr, peers, command=self.command, extra=(*self.agent_args, *extra),
                                    env={"P2PGEN_TRACE_DIR": str(self.run_dir / "traces")})
         pids = {a.addr: a.pid for a in self.cluster.agents.values() if a.alive()}
         tmp = self.run_dir / "agents.json.tmp"

@@ -7,16 +7,16 @@ state and effects out. Raft, sockets, processes and clocks live in the shells ar
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
-    COMMAND_TYPES, QUIESCENCE_VALUES, Activated, Certificate, Command, Configure, Effect, Election, Frontier,
-    FrontierElected, HistoryEntry, Leave, LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned,
-    ProposalOpened, Pull, Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, Tombstone,
-    retirement_reason,
+    COMMAND_TYPES, DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef,
+    Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Leave,
+    LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Pull, Ready, ReadyVote,
+    Reform, Register, RestartRequired, Suspect, Synced, Tombstone, retirement_reason,
 )
 
 __all__ = [
-    "COMMAND_TYPES", "QUIESCENCE_VALUES", "Activated", "Certificate", "Command", "Configure", "Effect", "Election",
-    "Frontier", "FrontierElected", "GenerationMachine", "HistoryEntry", "Leave", "LogPosition", "Member",
-    "MemberEvicted", "Outcome", "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready",
-    "ReadyVote", "Reform", "Register", "RestartRequired", "Suspect", "Synced", "Tombstone",
-    "elect_frontier", "retirement_reason",
+    "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
+    "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
+    "GenerationMachine", "Hold", "HistoryEntry", "Leave", "LogPosition", "Member", "MemberEvicted", "Outcome",
+    "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Register",
+    "RestartRequired", "Suspect", "Synced", "Tombstone", "elect_frontier", "retirement_reason",
 ]

@@ -12,6 +12,13 @@ Invariants kept (checked by tests/core after every step):
   than the current member's are refused.
 - I4: a generation is activated only when every proposed member voted `ready` with its quiescence
   and holds the elected frontier digest.
+- No silent regression: a proposal whose elected frontier is below the certified revision is *held*
+  (no election, no pull) until a membership change brings a holder, a local copy or a checkpoint, or
+  until `regress_wait` seconds after the job first found the state missing; only then does a `fallback`
+  command let it resume from the best state left, and from revision 0 only when the job allows a fresh
+  start. Such an activation opens a new state epoch (a new branch of history): a vote for a state of an
+  older epoch above the revision where a later epoch began is refused, so a state of a dead branch (an
+  old local copy or checkpoint) can never be mixed into the new one.
 An invalid command changes nothing and returns the reason (`Outcome.ok is False`).
 """
 
@@ -22,9 +29,10 @@ from dataclasses import dataclass, field
 
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.model import (
-    QUIESCENCE_VALUES, Activated, Certificate, Command, Configure, Effect, Election, FrontierElected,
-    HistoryEntry, Leave, LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened,
-    Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, Tombstone,
+    DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
+    Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
+    MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Register,
+    RestartRequired, Suspect, Synced, Tombstone,
 )
 
 HISTORY_LIMIT = 64
@@ -43,6 +51,7 @@ class Proposal:
     votes: dict[str, ReadyVote] = field(default_factory=dict)
     election: Election | None = None
     synced: set[str] = field(default_factory=set)
+    hold: Hold | None = None          # every member voted, but the frontier would regress: not elected yet
 
     def member(self, peer_id: str) -> Member | None:
         return next((m for m in self.members if m.peer_id == peer_id), None)
@@ -60,6 +69,12 @@ class GenerationMachine:
         self.last_incarnation: dict[str, int] = {}  # peer_id -> highest incarnation ever seen
         self.ownership_version = 0
         self.min_members: int | None = None         # formation rule, set once by Configure (None: 1)
+        self.regress_wait = DEFAULT_REGRESS_WAIT    # regression rule, set once by Configure
+        self.allow_fresh_start = False
+        self.instance = ""                          # names this run of the job: set by the first registration
+        self.state_epoch = 1                        # branch of the state history; +1 at each regressed activation
+        self.forks: tuple[tuple[int, int], ...] = ()   # (epoch, revision it began at), oldest first
+        self.hold_since: float | None = None        # when the certified state was first found missing
         self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
 
@@ -80,6 +95,13 @@ class GenerationMachine:
         """True if this incarnation was seen and is no longer a member (it must restart as a new one)."""
         return incarnation <= self.last_incarnation.get(peer_id, -1) and not self.is_current(peer_id, incarnation)
 
+    def on_branch(self, epoch: int, revision: int) -> bool:
+        """Whether a state of `epoch` at `revision` belongs to the current history: every later epoch
+        began at or above it (a prefix shared by both branches). Epoch 0 means "the current one"."""
+        if epoch == 0:
+            return True
+        return epoch <= self.state_epoch and all(revision <= start for e, start in self.forks if e > epoch)
+
     # --- the one entry point -----------------------------------------------------------------------
 
     def apply(self, command: Command, position: LogPosition = LogPosition()) -> Outcome:
@@ -93,21 +115,31 @@ class GenerationMachine:
     def _configure(self, cmd: Configure, position: LogPosition) -> Outcome:
         if cmd.min_members < 1:
             return Outcome.refused(f"configure: min_members must be >= 1, got {cmd.min_members}")
-        if self.min_members == cmd.min_members:
-            return Outcome(True, f"job already configured with min_members={cmd.min_members} (replay)")
+        if not 0 <= cmd.regress_wait <= 86400:
+            return Outcome.refused(f"configure: regress_wait must be within 0..86400 s, got {cmd.regress_wait}")
+        if cmd.allow_fresh_start not in (0, 1):
+            return Outcome.refused(f"configure: allow_fresh_start must be 0 or 1, got {cmd.allow_fresh_start}")
+        rules = (cmd.min_members, cmd.regress_wait, bool(cmd.allow_fresh_start))
+        if self.min_members is not None and rules == (self.min_members, self.regress_wait, self.allow_fresh_start):
+            return Outcome(True, f"job already configured with {self._rules()} (replay)")
         if self.min_members is not None:
-            return Outcome.refused(f"configure: job already configured with min_members={self.min_members}; "
-                                   f"start every agent with the same --min-members")
+            return Outcome.refused(f"configure: job already configured with {self._rules()}; start every agent "
+                                   f"with the same --min-members, --regress-wait and --allow-fresh-start")
         if self.active is not None or self.history or self.pending is not None:
             # A pending proposal means the first generation was already proposed under the default rule
             # (min_members=1); accepting now would not hold it back, and the next change would count as
             # "formed" anyway, so the new rule would be silently ignored.
             return Outcome.refused("configure: the job has already formed; min_members only governs formation")
         self.min_members = cmd.min_members
+        self.regress_wait, self.allow_fresh_start = cmd.regress_wait, bool(cmd.allow_fresh_start)
         effects: list[Effect] = []
         if self.pending is None and self._formation_complete():
             self._open(f"{len(self.members)} member(s) registered", cmd.at, effects)
-        return Outcome(True, f"configured min_members={cmd.min_members}", tuple(effects))
+        return Outcome(True, f"configured {self._rules()}", tuple(effects))
+
+    def _rules(self) -> str:
+        return (f"min_members={self.min_members}, regress_wait={self.regress_wait:g}, "
+                f"allow_fresh_start={int(self.allow_fresh_start)}")
 
     def _formation_complete(self) -> bool:
         """The first generation waits for `min_members`; once the job formed, any change proposes."""
@@ -131,6 +163,8 @@ class GenerationMachine:
         if current is not None:
             self._evict(current, f"replaced by incarnation {cmd.incarnation}", cmd.at, effects)
         self.last_incarnation[cmd.peer_id] = cmd.incarnation
+        if not self.instance:
+            self.instance = f"{cmd.peer_id}#{cmd.incarnation}@{cmd.at:.6f}"
         self.members.append(Member(cmd.peer_id, cmd.incarnation, addrs))
         self._membership_changed(f"{cmd.peer_id}#{cmd.incarnation} joined", cmd.at, effects)
         return Outcome(True, f"registered {cmd.peer_id}#{cmd.incarnation}", tuple(effects))
@@ -178,10 +212,13 @@ class GenerationMachine:
         if cmd.quiescence not in QUIESCENCE_VALUES:
             return Outcome.refused(f"ready: quiescence must be one of {', '.join(QUIESCENCE_VALUES)}, "
                                    f"got {cmd.quiescence!r}")
-        if cmd.revision < 0 or cmd.collective_seq < 0:
-            return Outcome.refused("ready: revision and collective_seq must be >= 0")
+        if cmd.revision < 0 or cmd.collective_seq < 0 or cmd.epoch < 0 or cmd.ckpt_epoch < 0:
+            return Outcome.refused("ready: revision, collective_seq and epochs must be >= 0")
         proposal = self.pending
-        vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq, cmd.comm_id)
+        checkpoint = (CheckpointRef(cmd.ckpt_revision, cmd.ckpt_digest, cmd.ckpt_epoch)
+                      if cmd.ckpt_revision >= 0 and cmd.ckpt_digest else None)
+        vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq, cmd.comm_id, cmd.epoch,
+                         checkpoint)
         previous = proposal.votes.get(cmd.peer_id)
         if previous is not None:
             if previous == vote:
@@ -197,13 +234,74 @@ class GenerationMachine:
             self._membership_changed(f"{member.peer_id}#{member.incarnation} reported quiescence unknown",
                                      cmd.at, effects)
             return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} evicted: {why}", tuple(effects))
+        refusal = self._check_branch(cmd)
+        if refusal:
+            return Outcome.refused(refusal)
         proposal.votes[cmd.peer_id] = vote
         if len(proposal.votes) == len(proposal.members):
-            proposal.election = elect_frontier(proposal.members, proposal.votes,
-                                               self.active.frontier if self.active else None)
-            effects.append(FrontierElected(proposal.generation, proposal.election))
-            self._maybe_activate(cmd.at, position, effects)
+            self._elect(self._election(), cmd.at, position, effects)
         return Outcome(True, f"{cmd.peer_id} ready for generation {cmd.generation}", tuple(effects))
+
+    def _check_branch(self, cmd: Ready) -> str | None:
+        """A vote for a state (or checkpoint) of a dead branch of history is refused (see `on_branch`)."""
+        for what, epoch, revision in (("state", cmd.epoch, cmd.revision),
+                                      ("checkpoint", cmd.ckpt_epoch, cmd.ckpt_revision)):
+            if revision >= 0 and not self.on_branch(epoch, revision):
+                return (f"ready: {cmd.peer_id}'s {what} at revision {revision} belongs to state epoch {epoch}, a "
+                        f"branch the job left (current epoch {self.state_epoch}, forks "
+                        f"{', '.join(f'epoch {e} at r{r}' for e, r in self.forks) or 'none'}); vote without it")
+        return None
+
+    def _election(self) -> Election:
+        p = self.pending
+        return elect_frontier(p.members, p.votes, self.active.frontier if self.active else None)
+
+    def _elect(self, election: Election, at: float, position: LogPosition, effects: list[Effect]) -> None:
+        """Every member voted: elect, or hold the proposal if its frontier would regress and may not yet."""
+        proposal = self.pending
+        if election.regressed_from is not None:
+            since = self.hold_since if self.hold_since is not None else at
+            refusal = self._regression_refusal(election, since, at)
+            if refusal is not None:
+                self.hold_since = since
+                proposal.hold = Hold(since, since + self.regress_wait, election.regressed_from, election.frontier,
+                                     refusal)
+                effects.append(ActivationHeld(proposal.generation, proposal.hold))
+                return
+        proposal.hold = None
+        proposal.election = election
+        effects.append(FrontierElected(proposal.generation, election))
+        self._maybe_activate(at, position, effects)
+
+    def _regression_refusal(self, election: Election, since: float, at: float) -> str | None:
+        """Why a frontier below the certified revision may not be used at time `at` (None: it may)."""
+        certified = election.regressed_from
+        best = f"revision {election.frontier.revision} ({election.source})"
+        if at < since + self.regress_wait:
+            return (f"no member holds certified revision {certified} (best: {best}); waiting until "
+                    f"{since + self.regress_wait:.3f} for a holder, a local copy or a checkpoint")
+        if election.frontier.revision == 0 and not self.allow_fresh_start:
+            return (f"STATE LOST: no holder, local copy or checkpoint of certified revision {certified} came back "
+                    f"within {self.regress_wait:g} s and only revision 0 is left; the job was not started with "
+                    f"--allow-fresh-start: bring back a member's state, or start the job again from a checkpoint "
+                    f"(--restore DIR)")
+        return None
+
+    def _fallback(self, cmd: Fallback, position: LogPosition) -> Outcome:
+        refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
+        if refusal:
+            return Outcome.refused(refusal)
+        proposal = self.pending
+        if proposal.hold is None:
+            return Outcome(True, f"generation {cmd.generation} is not held: nothing to fall back from")
+        election, since = self._election(), proposal.hold.since
+        refusal = self._regression_refusal(election, since, cmd.at)
+        if refusal is not None:
+            return Outcome.refused(f"fallback for generation {cmd.generation}: {refusal}")
+        effects: list[Effect] = []
+        self._elect(election, cmd.at, position, effects)
+        return Outcome(True, f"generation {cmd.generation} falls back to revision {election.frontier.revision} "
+                             f"after waiting {cmd.at - since:.1f} s", tuple(effects))
 
     def _synced(self, cmd: Synced, position: LogPosition) -> Outcome:
         refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
@@ -277,6 +375,11 @@ class GenerationMachine:
         if election is None or any(p.peer_id not in proposal.synced for p in election.pulls):
             return
         parent = self.active
+        if election.regressed_from is not None:
+            self.state_epoch += 1
+            self.forks += ((self.state_epoch, election.frontier.revision),)
+        recovery = self._recovery_note(election, at)
+        self.hold_since = None
         if parent is None or set(parent.owners) != set(election.holders):
             self.ownership_version += 1
         kept = {m.identity for m in proposal.members}
@@ -294,11 +397,23 @@ class GenerationMachine:
             comm_id=proposal.votes[proposal.members[0].peer_id].comm_id,
             divergence=election.divergence, regressed_from=election.regressed_from,
             proposed_at=proposal.opened_at, activated_at=at, raft_term=position.term, raft_index=position.index,
+            state_epoch=self.state_epoch, frontier_source=election.source, recovery=recovery,
         )
         self.active = cert
         self.pending = None
         self.history.append(HistoryEntry(cert.generation, "activated", cert.reason, cert.members, at, cert))
         effects.append(Activated(cert))
+
+    def _recovery_note(self, election: Election, at: float) -> str:
+        """The loud line a certificate carries when its frontier regressed or came from a checkpoint."""
+        frontier = election.frontier
+        source = "a checkpoint" if election.source == "checkpoint" else "the members' own state"
+        if election.regressed_from is None:
+            return f"resumed from {source} at revision {frontier.revision}" if election.source == "checkpoint" else ""
+        waited = f"{at - self.hold_since:.1f} s" if self.hold_since is not None else "0 s"
+        return (f"REGRESSED from certified revision {election.regressed_from} to revision {frontier.revision} "
+                f"({election.regressed_from - frontier.revision} committed step(s) lost), from {source}, after "
+                f"waiting {waited} for a holder, a local copy or a checkpoint; new state epoch {self.state_epoch}")
 
     def _tombstone_reason(self, member: Member) -> str:
         for stone in reversed(self.tombstones):
@@ -315,4 +430,5 @@ _HANDLERS = {
     Reform: GenerationMachine._reform,
     Ready: GenerationMachine._ready,
     Synced: GenerationMachine._synced,
+    Fallback: GenerationMachine._fallback,
 }

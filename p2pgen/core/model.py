@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
 QUIESCENCE_VALUES = ("proved", "rolled_back", "unknown")
+DEFAULT_REGRESS_WAIT = 30.0     # seconds a generation that would resume below the certified revision waits
 
 
 @dataclass(frozen=True, order=True)
@@ -38,6 +39,16 @@ class Frontier:
 
 
 @dataclass(frozen=True)
+class CheckpointRef:
+    """A complete checkpoint a member can read: the revision and digest of the state it holds, and the
+    state epoch (see `Certificate.state_epoch`) that revision belongs to."""
+
+    revision: int
+    digest: str
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
 class ReadyVote:
     """What a proposed member reported after quiescing the old generation."""
 
@@ -46,15 +57,19 @@ class ReadyVote:
     digest: str
     collective_seq: int
     comm_id: str = ""
+    epoch: int = 0                            # state epoch of (revision, digest); 0: not said (the current one)
+    checkpoint: CheckpointRef | None = None   # the newest checkpoint this member can load, if any
 
 
 @dataclass(frozen=True)
 class Pull:
-    """A member that must fetch the frontier state, and the sources it may fetch from (in preference order)."""
+    """A member that must fetch the frontier state, and the sources it may fetch from (in preference order);
+    with `checkpoint`, it loads the frontier from the checkpoint it reported instead (no sources)."""
 
     peer_id: str
     incarnation: int
     sources: tuple[str, ...]
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,19 @@ class Election:
     pulls: tuple[Pull, ...]
     divergence: tuple[tuple[str, str], ...]   # (peer_id, digest) of members at the frontier revision that disagree
     regressed_from: int | None        # set when no member holds the last certified revision any more
+    reason: str
+    source: str = "members"           # where the frontier comes from: "members" (live state) or "checkpoint"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A proposal whose frontier would be below the certified revision: it does not activate before
+    `until` (DESIGN rule "no silent regression"), and after that only if the fallback is allowed."""
+
+    since: float                      # when the job first found no member holding the certified revision
+    until: float                      # since + the job's regress_wait
+    certified: int                    # the revision the job had certified
+    best: Frontier                    # the best state the members can offer now (live or checkpoint)
     reason: str
 
 
@@ -102,6 +130,9 @@ class Certificate:
     activated_at: float
     raft_term: int
     raft_index: int
+    state_epoch: int = 1                        # goes up by one at each activation that regressed (a new branch)
+    frontier_source: str = "members"            # "members" (a live member held it) or "checkpoint"
+    recovery: str = ""                          # loud one-line note when the frontier regressed or came from a checkpoint
 
     def rank_of(self, peer_id: str) -> int | None:
         for rank, member in enumerate(self.members):
@@ -118,11 +149,11 @@ class Certificate:
         ]
         data["quiescence"] = [{"peer_id": p, "incarnation": i, "quiescence": q} for p, i, q in self.quiescence]
         data["revisions"] = [{"peer_id": p, "revision": r} for p, r in self.revisions]
-        data["pulled"] = [{"peer_id": p.peer_id, "incarnation": p.incarnation, "sources": list(p.sources)}
-                          for p in self.pulled]
         data["departed"] = [{"peer_id": p, "incarnation": i, "reason": r} for p, i, r in self.departed]
         data["divergence"] = [{"peer_id": p, "digest": d} for p, d in self.divergence]
         data["owners"] = list(self.owners)
+        data["pulled"] = [{"peer_id": p.peer_id, "incarnation": p.incarnation, "sources": list(p.sources),
+                           "checkpoint": p.checkpoint} for p in self.pulled]
         data["retired_safely"] = retirement_reason(self)
         return data
 
@@ -171,10 +202,15 @@ class Tombstone:
 
 @dataclass(frozen=True)
 class Configure:
-    """Job formation rule: the first generation is proposed only once `min_members` have registered."""
+    """Job rules, set once before the job forms: the first generation is proposed only once `min_members`
+    have registered; a generation that would resume below the certified revision waits `regress_wait`
+    seconds for a holder, a local copy or a checkpoint, and may then resume from revision 0 (nothing
+    survived) only when `allow_fresh_start` is 1."""
 
     min_members: int
     at: float = 0.0
+    regress_wait: float = DEFAULT_REGRESS_WAIT
+    allow_fresh_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +257,21 @@ class Ready:
     collective_seq: int = 0
     comm_id: str = ""          # rank 0 offers the new generation's communicator id (e.g. NCCL unique id)
     at: float = 0.0
+    epoch: int = 0             # state epoch of (revision, digest); 0: not said (taken as the current one)
+    ckpt_revision: int = -1    # the newest checkpoint this member can load (-1: none), its digest and epoch
+    ckpt_digest: str = ""
+    ckpt_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A member of a held proposal asks the job to resume below the certified revision, now that the
+    wait is over (`at` is past the hold's `until`)."""
+
+    generation: int
+    peer_id: str
+    incarnation: int
+    at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -232,9 +283,9 @@ class Synced:
     at: float = 0.0
 
 
-Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced]
+Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback]
 COMMAND_TYPES: dict[str, type] = {
-    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced)}
+    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback)}
 
 
 # --- effects ---------------------------------------------------------------------------------------
@@ -274,11 +325,18 @@ class FrontierElected:
 
 
 @dataclass(frozen=True)
+class ActivationHeld:
+    generation: int
+    hold: Hold
+
+
+@dataclass(frozen=True)
 class Activated:
     certificate: Certificate
 
 
-Effect = Union[ProposalOpened, ProposalAbandoned, MemberEvicted, RestartRequired, FrontierElected, Activated]
+Effect = Union[ProposalOpened, ProposalAbandoned, MemberEvicted, RestartRequired, FrontierElected, ActivationHeld,
+               Activated]
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Any
 
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
-    Activated, Certificate, Effect, Election, FrontierElected, Member, MemberEvicted, Outcome,
-    ProposalAbandoned, ProposalOpened, RestartRequired,
+    ActivationHeld, Activated, Certificate, Effect, Election, FrontierElected, Hold, Member, MemberEvicted,
+    Outcome, ProposalAbandoned, ProposalOpened, Pull, RestartRequired,
 )
 
 
@@ -20,9 +20,20 @@ def member_list(members: tuple[Member, ...] | list[Member]) -> str:
     return "[" + " ".join(f"{m.peer_id}#{m.incarnation}" for m in members) + "]"
 
 
+def render_pull(p: Pull) -> str:
+    return f"{p.peer_id}<-{'@checkpoint' if p.checkpoint else '/'.join(p.sources)}"
+
+
+def render_hold(h: Hold) -> str:
+    return (f"certified=r{h.certified} best=r{h.best.revision}:{h.best.digest or '-'} since={h.since:g} "
+            f"until={h.until:g}: {h.reason}")
+
+
 def render_election(e: Election) -> str:
-    pulls = " ".join(f"{p.peer_id}<-{'/'.join(p.sources)}" for p in e.pulls) or "none"
+    pulls = " ".join(render_pull(p) for p in e.pulls) or "none"
     text = f"frontier r{e.frontier.revision}:{e.frontier.digest or '-'} holders={','.join(e.holders)} pulls={pulls}"
+    if e.source != "members":
+        text += f" source={e.source}"
     if e.divergence:
         text += " divergence=" + ",".join(f"{p}:{d or '-'}" for p, d in e.divergence)
     if e.regressed_from is not None:
@@ -42,6 +53,8 @@ def render_effect(effect: Effect) -> str:
             return f"restart {peer_id}#{incarnation}: {reason}"
         case FrontierElected(generation, election):
             return f"elect g{generation} {render_election(election)}"
+        case ActivationHeld(generation, hold):
+            return f"hold g{generation} {render_hold(hold)}"
         case Activated(cert):
             return f"activate g{cert.generation} {member_list(cert.members)} {render_certificate_line(cert)}"
     raise TypeError(f"not an effect: {effect!r}")
@@ -49,8 +62,13 @@ def render_effect(effect: Effect) -> str:
 
 def render_certificate_line(cert: Certificate) -> str:
     quiescence = ",".join(f"{p}={q}" for p, _, q in cert.quiescence)
-    return (f"frontier=r{cert.frontier.revision}:{cert.frontier.digest or '-'} quiescence={quiescence} "
+    text = (f"frontier=r{cert.frontier.revision}:{cert.frontier.digest or '-'} quiescence={quiescence} "
             f"owners={','.join(cert.owners)}@v{cert.ownership_version} seq={cert.collective_seq_frontier}")
+    if cert.frontier_source != "members":
+        text += f" source={cert.frontier_source}"
+    if cert.state_epoch != 1:
+        text += f" epoch={cert.state_epoch}"
+    return text
 
 
 def render_outcome(outcome: Outcome) -> str:
@@ -64,6 +82,8 @@ def render_proposal(p: Proposal) -> str:
     text = f"pending g{p.generation} (parent g{p.parent}) {member_list(p.members)} votes: {votes or 'none'}"
     if p.election:
         text += f"; {render_election(p.election)}; synced: {','.join(sorted(p.synced)) or 'none'}"
+    if p.hold:
+        text += f"; HELD {render_hold(p.hold)}"
     return text
 
 
@@ -89,8 +109,12 @@ def proposal_json(p: Proposal) -> dict[str, Any]:
         "ready": sorted(p.votes),
         "frontier": ({"revision": p.election.frontier.revision, "digest": p.election.frontier.digest}
                      if p.election else None),
-        "pulls": [{"peer_id": x.peer_id, "sources": list(x.sources)} for x in p.election.pulls] if p.election else [],
+        "pulls": ([{"peer_id": x.peer_id, "sources": list(x.sources), "checkpoint": x.checkpoint}
+                   for x in p.election.pulls] if p.election else []),
         "synced": sorted(p.synced),
+        "hold": ({"since": p.hold.since, "until": p.hold.until, "certified": p.hold.certified,
+                  "best": {"revision": p.hold.best.revision, "digest": p.hold.best.digest}, "reason": p.hold.reason}
+                 if p.hold else None),
     }
 
 
@@ -98,6 +122,11 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
     """Everything `p2pgen show --json` prints about the job (see README, 'JSON output')."""
     return {
         "job": m.job,
+        "instance": m.instance,
+        "rules": {"min_members": m.min_members or 1, "regress_wait": m.regress_wait,
+                  "allow_fresh_start": m.allow_fresh_start},
+        "state_epoch": m.state_epoch,
+        "forks": [{"epoch": e, "revision": r} for e, r in m.forks],
         "active": m.active.to_json() if m.active else None,
         "pending": proposal_json(m.pending) if m.pending else None,
         "members": [{"peer_id": x.peer_id, "incarnation": x.incarnation, "addrs": dict(x.addrs)} for x in m.members],

@@ -158,6 +158,15 @@ class SharedState:
         self.revision += 1
         return self.revision
 
+    def save_checkpoint(self, directory: str, keep: int = 0) -> str:
+        """Write this state as a checkpoint under `directory` (atomically; see `p2pgen.state.checkpoint`).
+
+        Outside a job it belongs to no run: start a job from it with `p2pgen join ... --restore DIR`.
+        Inside a job, let the agent write them (`--checkpoint-dir DIR --checkpoint-every N`)."""
+        from p2pgen.state.checkpoint import write_checkpoint
+        return str(write_checkpoint(self, directory, job="", instance="", epoch=1, generation=0, writer=("", 0),
+                                    keep=keep))
+
     def touch(self, name: str | None = None) -> None:
         """Forget the cached digest of `name` (all when None): after a write torch cannot see."""
         if name is None:

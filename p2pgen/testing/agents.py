@@ -20,6 +20,9 @@ from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.client import AgentClient
 
 PORT_LOW, PORT_HIGH = 20000, 32000
+# restart-all (torchrun's policy) rolls back to its checkpoint, or to revision 0 before the first one, by
+# design: its agents let a generation resume below the certified revision at once
+RESTART_ALL_AGENT_ARGS = ("--regress-wait=0", "--allow-fresh-start")
 
 
 def _free(port: int) -> bool:
@@ -88,7 +91,8 @@ class Cluster:
         agent hands it on to its application)."""
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
         cmd = [sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
-               "--secret-file", str(secret_file or self.secret_file), *self.detect, *extra]
+               "--secret-file", str(secret_file or self.secret_file), "--local-state-dir", str(self.tmp / "local-state"),
+               *self.detect, *extra]
         cmd += [f"--peer={p}" for p in peers]
         if command:
             cmd += ["--", *command]

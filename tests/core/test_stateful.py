@@ -13,7 +13,10 @@ and checks every activation against that record:
 - I1: a generation number gets exactly one member set (the one it was proposed with); activated
   certificates never conflict; a number is never proposed twice; history entries agree with it.
 - I2: the active generation only goes up; a pending generation is above it; the frontier revision only
-  goes down when the certificate says `regressed_from` and no member reported the old revision.
+  goes down when the certificate says `regressed_from`, no member reported the old revision (live or as
+  a checkpoint), the job's regress_wait had passed since the state was first found missing, and the
+  new frontier is above revision 0 unless the job allows a fresh start. Such an activation opens a new
+  state epoch, and a vote for a state of a branch the job left is refused.
 - I3: an incarnation is admitted only if it is higher than every one seen for that peer; members are never
   evicted identities; a pending proposal's votes all come from its members' current incarnations.
 - I4: an activation happened only after an accepted, not-`unknown` vote from every member and an accepted
@@ -29,6 +32,7 @@ and checks every activation against that record:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -38,9 +42,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from p2pgen.core import (
-    Activated, Configure, Election, Frontier, FrontierElected, GenerationMachine, Leave, LogPosition, Member,
-    MemberEvicted, ProposalAbandoned, ProposalOpened, Pull, Ready, ReadyVote, Reform, Register,
-    RestartRequired, Suspect, Synced, elect_frontier,
+    DEFAULT_REGRESS_WAIT, ActivationHeld, Activated, CheckpointRef, Configure, Election, Fallback, Frontier,
+    FrontierElected, GenerationMachine, Leave, LogPosition, Member, MemberEvicted, ProposalAbandoned,
+    ProposalOpened, Pull, Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, elect_frontier,
 )
 from p2pgen.core.generation import HISTORY_LIMIT
 from p2pgen.core.render import render_state, state_json
@@ -67,19 +71,48 @@ def naive_elect(members: list[Member], votes: dict[str, ReadyVote], last: Fronti
         count = sum(1 for m in at_top if votes[m.peer_id].digest == digest)
         if count > best_count:
             best, best_count = digest, count
+    checkpoint = naive_checkpoint(members, votes, top)
+    if checkpoint is not None:
+        (rev, digest), loaders = checkpoint
+        others = [m for m in members if m.peer_id not in loaders]
+        pulls = [Pull(m.peer_id, m.incarnation, (), checkpoint=True) for m in members if m.peer_id in loaders]
+        pulls += naive_spread(others, loaders)
+        regressed = last.revision if last is not None and rev < last.revision else None
+        return Election(Frontier(rev, digest), tuple(loaders), tuple(pulls), (), regressed, "", "checkpoint")
     holders = [m.peer_id for m in at_top if votes[m.peer_id].digest == best]
     divergence = [(m.peer_id, votes[m.peer_id].digest) for m in at_top if votes[m.peer_id].digest != best]
-    pulls = []
-    for i, m in enumerate(x for x in members if x.peer_id not in holders):
-        k = len(holders)
-        pulls.append(Pull(m.peer_id, m.incarnation, tuple(holders[(i + j) % k] for j in range(k))))
+    pulls = naive_spread([x for x in members if x.peer_id not in holders], holders)
     regressed = last.revision if last is not None and top < last.revision else None
     return Election(Frontier(top, best), tuple(holders), tuple(pulls), tuple(divergence), regressed, "")
 
 
+def naive_spread(pullers: list[Member], holders: list[str]) -> list[Pull]:
+    pulls = []
+    for i, m in enumerate(pullers):
+        k = len(holders)
+        pulls.append(Pull(m.peer_id, m.incarnation, tuple(holders[(i + j) % k] for j in range(k))))
+    return pulls
+
+
+def naive_checkpoint(members: list[Member], votes: dict[str, ReadyVote], live_top: int):
+    """((revision, digest), loaders) of a checkpoint newer than every live state, or None."""
+    refs = {}
+    for m in members:
+        v = votes[m.peer_id]
+        if v.quiescence != "unknown" and v.checkpoint is not None and v.checkpoint.digest \
+                and v.checkpoint.revision > live_top:
+            refs[m.peer_id] = (v.checkpoint.revision, v.checkpoint.digest)
+    if not refs:
+        return None
+    top = max(r for r, _ in refs.values())
+    tally = Counter(d for r, d in refs.values() if r == top)
+    best = sorted(tally, key=lambda d: (-tally[d], d))[0]
+    return (top, best), [p for p, ref in refs.items() if ref == (top, best)]
+
+
 def same_election(fast: Election, naive: Election) -> bool:
-    return (fast.frontier, fast.holders, fast.pulls, fast.divergence, fast.regressed_from) == (
-        naive.frontier, naive.holders, naive.pulls, naive.divergence, naive.regressed_from)
+    return (fast.frontier, fast.holders, fast.pulls, fast.divergence, fast.regressed_from, fast.source) == (
+        naive.frontier, naive.holders, naive.pulls, naive.divergence, naive.regressed_from, naive.source)
 
 
 def fingerprint(m: GenerationMachine) -> tuple:
@@ -88,10 +121,19 @@ def fingerprint(m: GenerationMachine) -> tuple:
     if m.pending is not None:
         p = m.pending
         pending = (p.generation, p.parent, p.members, p.reason, p.opened_at, sorted(p.votes.items()),
-                   p.election, sorted(p.synced))
+                   p.election, sorted(p.synced), p.hold)
     # the history is compared as values (frozen dataclasses); its JSON form is slow to build every step
     return (render_state(m), json.dumps(state_json(m), sort_keys=True), tuple(m.members), m.active, pending, m.last_generation, sorted(m.last_incarnation.items()),
-            m.ownership_version, m.min_members, tuple(m.tombstones), tuple(m.history))
+            m.ownership_version, m.min_members, tuple(m.tombstones), tuple(m.history), m.regress_wait,
+            m.allow_fresh_start, m.instance, m.state_epoch, m.forks, m.hold_since)
+
+
+def vote_of(command: Ready) -> ReadyVote:
+    """The vote the core must record for an accepted `ready`."""
+    checkpoint = (CheckpointRef(command.ckpt_revision, command.ckpt_digest, command.ckpt_epoch)
+                  if command.ckpt_revision >= 0 and command.ckpt_digest else None)
+    return ReadyVote(command.quiescence, command.revision, command.digest, command.collective_seq,
+                     command.comm_id, command.epoch, checkpoint)
 
 
 # --- the stateful test -----------------------------------------------------------------------------
@@ -119,10 +161,17 @@ class GenerationProtocol(RuleBasedStateMachine):
         self.active_cert = None                 # last activated certificate, from Activated effects
         self.seen_active_generation = 0
         self.activations = 0
+        self.now = 0.0                          # the time every command carries (`at`)
+        self.regress_wait, self.fresh = DEFAULT_REGRESS_WAIT, False
+        self.forks: list[tuple[int, int]] = []  # (epoch, revision it began at), from regressed activations
+        self.missing_since: float | None = None   # first hold (or regressed election) since the last activation
 
     # --- sending commands ------------------------------------------------------------------------
 
-    def send(self, command):
+    def send(self, command, stamp: bool = True):
+        """Apply `command` (stamped with the current time unless `stamp` is False) to both replicas."""
+        if stamp:
+            command = dataclasses.replace(command, at=self.now)
         position = LogPosition(self.term, len(self.log) + 1)
         before = fingerprint(self.m)
         outcome = self.m.apply(command, position)
@@ -151,8 +200,11 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert outcome.effects == (), "a register replay must have no effect"
         if isinstance(command, Configure):
             self.min_members = command.min_members
+            self.regress_wait, self.fresh = command.regress_wait, bool(command.allow_fresh_start)
         if isinstance(command, Ready) and command.quiescence != "unknown":
-            vote = ReadyVote(command.quiescence, command.revision, command.digest, command.collective_seq)
+            assert self.on_branch(command.epoch, command.revision), "a vote for a dead branch was accepted"
+            assert self.on_branch(command.ckpt_epoch, command.ckpt_revision), "a dead-branch checkpoint was accepted"
+            vote = vote_of(command)
             recorded = self.votes.setdefault(command.generation, {}).setdefault(
                 command.peer_id, (command.incarnation, vote))
             assert recorded == (command.incarnation, vote), "an accepted ready differs from the vote on record"
@@ -197,15 +249,41 @@ class GenerationProtocol(RuleBasedStateMachine):
             elif isinstance(effect, FrontierElected):
                 g = effect.generation
                 assert g not in self.elections
-                votes = self.votes.get(g, {})
-                members = list(self.proposed[g])
-                assert sorted(votes) == sorted(m.peer_id for m in members), "elected before every member voted"
-                naive = naive_elect(members, {p: v for p, (_, v) in votes.items()},
-                                    self.active_cert.frontier if self.active_cert else None)
+                naive = self.naive_election(g)
                 assert same_election(effect.election, naive), (effect.election, naive)
+                if naive.regressed_from is not None:
+                    since = self.now if self.missing_since is None else self.missing_since
+                    assert self.now >= since + self.regress_wait, "regressed before the wait was over"
+                    assert naive.frontier.revision > 0 or self.fresh, "fresh start without the allowance"
+                    if self.missing_since is None:
+                        self.missing_since = self.now
                 self.elections[g] = effect.election
+            elif isinstance(effect, ActivationHeld):
+                g = effect.generation
+                event("activation held")
+                naive = self.naive_election(g)
+                assert naive.regressed_from is not None, "held a proposal that would not regress"
+                assert effect.hold.best == naive.frontier and effect.hold.certified == naive.regressed_from
+                if self.missing_since is None:
+                    self.missing_since = self.now
+                assert effect.hold.since == self.missing_since
+                assert effect.hold.until == self.missing_since + self.regress_wait
+                assert self.now < effect.hold.until or (naive.frontier.revision == 0 and not self.fresh)
             elif isinstance(effect, Activated):
                 self.check_activation(effect.certificate, position)
+
+    def naive_election(self, g: int) -> Election:
+        votes = self.votes.get(g, {})
+        members = list(self.proposed[g])
+        assert sorted(votes) == sorted(m.peer_id for m in members), "elected or held before every member voted"
+        return naive_elect(members, {p: v for p, (_, v) in votes.items()},
+                           self.active_cert.frontier if self.active_cert else None)
+
+    def on_branch(self, epoch: int, revision: int) -> bool:
+        """The test's own rule: a state of `epoch` at `revision` is on the current branch."""
+        current = 1 + len(self.forks)
+        return revision < 0 or epoch == 0 or (epoch <= current and all(revision <= start for e, start in self.forks
+                                                                        if e > epoch))
 
     def check_activation(self, cert, position: LogPosition) -> None:
         g = cert.generation
@@ -237,12 +315,20 @@ class GenerationProtocol(RuleBasedStateMachine):
         # members that hold state (a non-empty digest); without any, everyone is a candidate
         stateful = [v for _, v in votes.values() if v.digest] or [v for _, v in votes.values()]
         assert all(v.revision <= cert.frontier.revision for v in stateful)
-        # I2: the frontier only regresses when the certificate says so and nobody had the old revision
+        # I2: the frontier only regresses when the certificate says so, nobody had the old revision (live
+        # or as a checkpoint), and only after the wait (checked when elected); it opens a new state epoch
+        epoch = parent.state_epoch if parent else 1
         if parent is not None and cert.frontier.revision < parent.frontier.revision:
             assert cert.regressed_from == parent.frontier.revision
             assert all(v.revision < parent.frontier.revision for v in stateful)
+            assert all(v.checkpoint is None or v.checkpoint.revision < parent.frontier.revision
+                       for _, v in votes.values())
+            assert cert.state_epoch == epoch + 1 and "REGRESSED" in cert.recovery
+            self.forks.append((cert.state_epoch, cert.frontier.revision))
         else:
-            assert cert.regressed_from is None
+            assert cert.regressed_from is None and cert.state_epoch == epoch
+        assert cert.frontier_source == election.source
+        self.missing_since = None
         # rank map: survivors keep their relative order, joiners follow in admission order
         before = parent.members if parent else ()
         kept = {m.identity for m in cert.members}
@@ -303,6 +389,22 @@ class GenerationProtocol(RuleBasedStateMachine):
         digest = data.draw(st.sampled_from((f"h{revision}", f"h{revision}", f"x{revision}", "")))
         return revision, digest
 
+    def draw_state_fields(self, data, revision: int, on_branch: bool = True) -> dict:
+        """The epoch of the reported state and, sometimes, a checkpoint: near the certified frontier,
+        of the current epoch or 0 (not said); unless `on_branch`, possibly of an older or unknown epoch."""
+        base = self.active_cert.frontier.revision if self.active_cert else 0
+        current = 1 + len(self.forks)
+        epochs = (0, current) if on_branch else (0, current, current - 1, current + 1)
+        fields = {"epoch": data.draw(st.sampled_from(epochs))}
+        if data.draw(st.integers(0, 3)) == 0:
+            ckpt = max(0, base + data.draw(st.integers(-2, 2)))
+            fields.update(ckpt_revision=ckpt, ckpt_digest=data.draw(st.sampled_from((f"c{ckpt}", f"c{ckpt}", "k"))),
+                          ckpt_epoch=data.draw(st.sampled_from(epochs)))
+        if on_branch and not (self.on_branch(fields["epoch"], revision)
+                              and self.on_branch(fields.get("ckpt_epoch", 0), fields.get("ckpt_revision", -1))):
+            fields.update(epoch=0, ckpt_epoch=0)
+        return fields
+
     def draw_generation(self, data) -> int:
         pending = self.m.pending.generation if self.m.pending else None
         other = data.draw(st.integers(0, max(self.proposed, default=0) + 1))
@@ -311,11 +413,13 @@ class GenerationProtocol(RuleBasedStateMachine):
     # --- rules -----------------------------------------------------------------------------------
 
     @initialize(min_members=st.sampled_from((None, 1, 2, 3)), first=st.lists(st.sampled_from(PEERS), max_size=4,
-                                                                             unique=True))
-    def start(self, min_members, first):
+                                                                             unique=True),
+                rules=st.sampled_from((None, (0.0, 0), (0.0, 1), (5.0, 0), (5.0, 1))))
+    def start(self, min_members, first, rules):
         """Optionally the formation rule, then a few first peers."""
-        if min_members is not None:
-            assert self.send(Configure(min_members)).ok
+        if min_members is not None or rules is not None:
+            wait, fresh = rules or (DEFAULT_REGRESS_WAIT, 0)
+            assert self.send(Configure(min_members or 1, regress_wait=wait, allow_fresh_start=fresh)).ok
         for peer in first:
             assert self.send(Register(peer, 1)).ok
             assert self.max_inc[peer] == 1
@@ -359,7 +463,8 @@ class GenerationProtocol(RuleBasedStateMachine):
         inc = self.draw_incarnation(data, peer)
         generation = self.draw_generation(data)
         revision, digest = self.draw_vote_values(data)
-        command = Ready(generation, peer, inc, data.draw(QUIESCENCE), revision, digest, data.draw(st.integers(0, 5)))
+        command = Ready(generation, peer, inc, data.draw(QUIESCENCE), revision, digest, data.draw(st.integers(0, 5)),
+                        **self.draw_state_fields(data, revision, on_branch=False))
         p = self.m.pending
         proposed = p is not None and p.generation == generation and p.member(peer) is not None \
             and p.member(peer).incarnation == inc
@@ -368,10 +473,14 @@ class GenerationProtocol(RuleBasedStateMachine):
         if not proposed:
             assert not outcome.ok, "I2/I3: a vote for another generation or incarnation was accepted"
         elif previous is not None:
-            same = previous == ReadyVote(command.quiescence, revision, digest, command.collective_seq)
+            same = previous == vote_of(command)
             assert outcome.ok == same and outcome.effects == ()
-        else:
+        elif command.quiescence == "unknown":
             assert outcome.ok, outcome.reason
+        else:
+            valid = self.on_branch(command.epoch, revision) and self.on_branch(command.ckpt_epoch,
+                                                                                command.ckpt_revision)
+            assert outcome.ok == valid, outcome.reason
 
     @precondition(lambda self: self.m.pending is not None)
     @rule(data=st.data(), behind=st.booleans(), then_sync=st.booleans())
@@ -386,8 +495,12 @@ class GenerationProtocol(RuleBasedStateMachine):
             revision, digest = self.draw_vote_values(data, behind)
             quiescence = data.draw(st.sampled_from(("proved", "rolled_back")))
             assert self.send(Ready(p.generation, member.peer_id, member.incarnation, quiescence, revision,
-                                   digest, data.draw(st.integers(0, 5)))).ok
-        if then_sync and self.m.pending is p:
+                                   digest, data.draw(st.integers(0, 5)), **self.draw_state_fields(data, revision))).ok
+        if then_sync and self.m.pending is p and p.hold is not None:
+            self.now = max(self.now, p.hold.until)                 # the wait is over: ask to fall back
+            if self.send(Fallback(p.generation, p.members[0].peer_id, p.members[0].incarnation)).ok:
+                event("fallback accepted")
+        if then_sync and self.m.pending is p and p.election is not None:
             self.sync_everyone(data)
             assert self.m.active_generation == p.generation
 
@@ -424,6 +537,28 @@ class GenerationProtocol(RuleBasedStateMachine):
                 break
             assert self.send(Synced(p.generation, pull.peer_id, pull.incarnation, p.election.frontier.digest)).ok
 
+    @rule(seconds=st.sampled_from((0.5, 2.0, 5.0, 30.0)))
+    def tick(self, seconds):
+        self.now += seconds
+
+    @precondition(lambda self: self.m.pending is not None)
+    @rule(data=st.data())
+    def fallback(self, data):
+        """A member asks a pending proposal to fall back below the certified revision: accepted only for a
+        held proposal once the wait is over, and to revision 0 only with the allowance."""
+        p = self.m.pending
+        member = data.draw(st.sampled_from(p.members))
+        hold = p.hold
+        outcome = self.send(Fallback(p.generation, member.peer_id, member.incarnation))
+        if hold is None:
+            assert outcome.ok and outcome.effects == ()
+            return
+        best = self.naive_election(p.generation).frontier
+        may = self.now >= hold.until and (best.revision > 0 or self.fresh)
+        assert outcome.ok == may, outcome.reason
+        if may:
+            event("fallback accepted")
+
     @rule(peer=st.sampled_from(PEERS), data=st.data())
     def reform(self, peer, data):
         inc = self.draw_incarnation(data, peer)
@@ -442,8 +577,9 @@ class GenerationProtocol(RuleBasedStateMachine):
     @precondition(lambda self: not self.activated)   # afterwards it is always refused (replays aside)
     @rule(min_members=st.integers(0, 3))
     def configure_later(self, min_members):
-        expected = min_members >= 1 and (self.min_members == min_members
-                                         or (self.min_members is None and not self.proposed))
+        same = self.min_members is not None and (min_members, DEFAULT_REGRESS_WAIT, False) == (
+            self.min_members, self.regress_wait, self.fresh)
+        expected = min_members >= 1 and (same or (self.min_members is None and not self.proposed))
         assert self.send(Configure(min_members)).ok == expected
 
     @precondition(lambda self: self.log)
@@ -453,10 +589,10 @@ class GenerationProtocol(RuleBasedStateMachine):
         command; the one just applied (`last`), applied twice in a row, must change nothing the second
         time and have no effect."""
         if not last:
-            self.send(data.draw(st.sampled_from(self.log)))
+            self.send(data.draw(st.sampled_from(self.log)), stamp=False)
             return
         before = fingerprint(self.m)
-        outcome = self.send(self.log[-1])
+        outcome = self.send(self.log[-1], stamp=False)
         assert outcome.effects == ()
         assert fingerprint(self.m) == before
 
@@ -525,8 +661,9 @@ TestGenerationProtocol = pytest.mark.timeout(120)(TestGenerationProtocol)   # ~1
 def election_inputs(draw):
     peers = draw(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=7, unique=True))
     members = [Member(p, draw(st.integers(0, 3))) for p in peers]
+    checkpoints = st.none() | st.builds(CheckpointRef, st.integers(0, 6), st.sampled_from(("", "k", "q")))
     votes = {m.peer_id: ReadyVote(draw(QUIESCENCE), draw(st.integers(0, 4)), draw(st.sampled_from(("", "x", "y", "z"))),
-                                  draw(st.integers(0, 9)))
+                                  draw(st.integers(0, 9)), checkpoint=draw(checkpoints))
              for m in members}
     last = draw(st.none() | st.builds(Frontier, st.integers(0, 5), st.sampled_from(("x", "y"))))
     return members, votes, last
@@ -546,9 +683,15 @@ def test_elect_frontier_matches_naive(inputs):
     assert same_election(fast, naive), (fast, naive)
     # properties that do not depend on either implementation
     ids = [m.peer_id for m in members]
-    assert sorted(list(fast.holders) + [p.peer_id for p in fast.pulls]) == sorted(ids)
-    assert fast.holders and all(sorted(p.sources) == sorted(fast.holders) for p in fast.pulls)
-    firsts = Counter(p.sources[0] for p in fast.pulls)
+    loaders = [p for p in fast.pulls if p.checkpoint]
+    if fast.source == "checkpoint":     # the readers of the winning checkpoint load it, the others pull from them
+        assert sorted(p.peer_id for p in loaders) == sorted(fast.holders) and not any(p.sources for p in loaders)
+        assert sorted(p.peer_id for p in fast.pulls) == sorted(ids)
+    else:
+        assert not loaders and sorted(list(fast.holders) + [p.peer_id for p in fast.pulls]) == sorted(ids)
+    copies = [p for p in fast.pulls if not p.checkpoint]
+    assert fast.holders and all(sorted(p.sources) == sorted(fast.holders) for p in copies)
+    firsts = Counter(p.sources[0] for p in copies)
     assert not firsts or max(firsts.values()) - min(firsts.get(h, 0) for h in fast.holders) <= 1
     assert ("DIVERGENCE" in fast.reason) == bool(fast.divergence)
     assert ("STATE LOST" in fast.reason) == (fast.regressed_from is not None)

@@ -14,13 +14,14 @@ A directive is one line; `----` opens its expected output, which runs up to the 
 
 Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one indented line per effect):
 
-    configure MIN_MEMBERS
+    configure MIN_MEMBERS [wait=S] [fresh=0|1]       (regress_wait, allow_fresh_start)
     register PEER INC [NAME=HOST:PORT ...]
     suspect reporter=R PEER INC reason="..."
     leave PEER INC
     reform GEN PEER INC "reason"                   (or reason="...")
-    ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N]
+    ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N] [epoch=E] [ckpt=REV:DIGEST[:EPOCH]]
     synced GEN PEER INC digest=D
+    fallback GEN PEER INC
 
 Every command also takes `at=T` (the command's time; it holds for later commands until the next `at=`,
 starting at 0) and `term=T` / `index=I` (its Raft log position). The interpreter numbers commands like a log: each applied command gets the next index, in the
@@ -56,9 +57,10 @@ import shlex
 from dataclasses import dataclass, field
 
 from p2pgen.core import (
-    Certificate, Configure, GenerationMachine, Leave, LogPosition, Ready, Reform, Register, Suspect, Synced,
+    DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Leave, LogPosition, Ready, Reform,
+    Register, Suspect, Synced,
 )
-from p2pgen.core.render import history_json, member_list, render_outcome, render_state, state_json
+from p2pgen.core.render import history_json, member_list, render_outcome, render_pull, render_state, state_json
 
 SEPARATOR = "----"
 
@@ -153,7 +155,8 @@ class Interpreter:
         at = self.at
         if name == "configure":
             (min_members,) = pos
-            return Configure(int(min_members), at=at)
+            return Configure(int(min_members), at=at, regress_wait=float(kw.pop("wait", DEFAULT_REGRESS_WAIT)),
+                             allow_fresh_start=int(kw.pop("fresh", 0)))
         if name == "register":
             peer, inc = pos
             addrs = tuple(kw.items())   # as written: the core must not depend on their order
@@ -171,8 +174,13 @@ class Interpreter:
             return Reform(int(gen), peer, int(inc), reason, at=at)
         if name == "ready":
             gen, peer, inc, quiescence = pos
+            ckpt = kw.pop("ckpt", "").split(":") if "ckpt" in kw else ["-1", ""]
             return Ready(int(gen), peer, int(inc), quiescence, int(kw.pop("r")), kw.pop("digest", ""),
-                         int(kw.pop("seq", 0)), at=at)
+                         int(kw.pop("seq", 0)), at=at, epoch=int(kw.pop("epoch", 0)), ckpt_revision=int(ckpt[0]),
+                         ckpt_digest=ckpt[1], ckpt_epoch=int(ckpt[2]) if len(ckpt) > 2 else 0)
+        if name == "fallback":
+            gen, peer, inc = pos
+            return Fallback(int(gen), peer, int(inc), at=at)
         if name == "synced":
             gen, peer, inc = pos
             return Synced(int(gen), peer, int(inc), kw.pop("digest", ""), at=at)
@@ -263,7 +271,7 @@ class Interpreter:
 def render_certificate(cert: Certificate) -> list[str]:
     """A readable, one-field-a-line form of a certificate (for transcripts)."""
     def pulls() -> str:
-        return " ".join(f"{p.peer_id}#{p.incarnation}<-{'/'.join(p.sources)}" for p in cert.pulled) or "none"
+        return " ".join(render_pull(p).replace("<-", f"#{p.incarnation}<-", 1) for p in cert.pulled) or "none"
     return [
         f"job: {cert.job}",
         f"generation: g{cert.generation} (parent g{cert.parent})",
@@ -277,6 +285,7 @@ def render_certificate(cert: Certificate) -> list[str]:
         f"owners: {','.join(cert.owners)} (ownership v{cert.ownership_version})",
         "divergence: " + (" ".join(f"{p}:{d or '-'}" for p, d in cert.divergence) or "none"),
         f"regressed_from: {'none' if cert.regressed_from is None else f'r{cert.regressed_from}'}",
+        f"state: epoch {cert.state_epoch}, from {cert.frontier_source}" + (f"; {cert.recovery}" if cert.recovery else ""),
         f"collective_seq_frontier: {cert.collective_seq_frontier}",
         f"proposed_at: {cert.proposed_at:g} activated_at: {cert.activated_at:g}",
         f"raft: term {cert.raft_term} index {cert.raft_index}",

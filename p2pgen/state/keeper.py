@@ -1,0 +1,199 @@
+"""StateKeeper: where a member's state lives besides its process (a local copy, checkpoints), for the step loop.
+
+Owns the application side of "state that survives": restoring the local copy before the first vote,
+what a vote says about the state's epoch and the newest usable checkpoint, saving the local copy after
+every commit and every catch-up, writing a checkpoint every N revisions (rank 0 only: each object once),
+and loading the checkpoint the frontier election chose. Configured by the agent through the
+environment (`StateKeeperConfig.from_env`); every part is optional.
+
+Invariants:
+- The local copy is restored at most once per process, before this process votes for the first time,
+  and only if it belongs to this run of the job and to a state epoch the job has not left (a copy of a
+  dead branch is ignored, and said so); otherwise the process starts from the state it built.
+- A vote offers only a checkpoint of this run of the job, or one from a `--restore` folder (which
+  belongs to no run of this job yet: it counts as state epoch 1), and only one on the current branch.
+- A checkpoint that fails to load is set aside (`corrupt-...`) and the error is raised: the process
+  must not report `synced`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from p2pgen.core import Frontier
+from p2pgen.state.checkpoint import (
+    CheckpointError, CheckpointInfo, list_checkpoints, load_checkpoint, quarantine, write_checkpoint,
+)
+from p2pgen.state.localcopy import LocalCopy, LocalCopyError
+from p2pgen.state.shared import SharedState
+
+log = logging.getLogger(__name__)
+
+ENV_LOCAL = "P2PGEN_LOCAL_STATE_DIR"
+ENV_LOCAL_EVERY = "P2PGEN_LOCAL_STATE_EVERY"
+ENV_CHECKPOINT_DIR = "P2PGEN_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY = "P2PGEN_CHECKPOINT_EVERY"
+ENV_CHECKPOINT_KEEP = "P2PGEN_CHECKPOINT_KEEP"
+ENV_RESTORE = "P2PGEN_RESTORE_DIR"
+
+
+@dataclass(frozen=True)
+class StateKeeperConfig:
+    local_dir: str = ""              # the local copy's folder ("": no local copy)
+    local_every: int = 1             # save it every N commits (and at every activation that changed the state)
+    checkpoint_dir: str = ""         # where checkpoints are written and read ("": none)
+    checkpoint_every: int = 0        # write one every N revisions (0: never write)
+    checkpoint_keep: int = 3
+    restore_dirs: tuple[str, ...] = field(default=())   # checkpoints of an earlier run to start from
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "StateKeeperConfig":
+        numbers = {name: env.get(name, default) for name, default in
+                   ((ENV_LOCAL_EVERY, "1"), (ENV_CHECKPOINT_EVERY, "0"), (ENV_CHECKPOINT_KEEP, "3"))}
+        if not all(v.isdigit() for v in numbers.values()) or numbers[ENV_LOCAL_EVERY] == "0":
+            raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in numbers.items())}: whole numbers >= 0 "
+                             f"({ENV_LOCAL_EVERY} >= 1)")
+        return cls(env.get(ENV_LOCAL, ""), int(numbers[ENV_LOCAL_EVERY]), env.get(ENV_CHECKPOINT_DIR, ""),
+                   int(numbers[ENV_CHECKPOINT_EVERY]), int(numbers[ENV_CHECKPOINT_KEEP]),
+                   tuple(d for d in env.get(ENV_RESTORE, "").split(os.pathsep) if d))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.local_dir or self.checkpoint_dir or self.restore_dirs)
+
+
+class StateKeeper:
+    """One process's local copy and checkpoints. `job_state` arguments are the replicated state as
+    `p2pgen show --json` prints it under "state" (the view the step loop follows)."""
+
+    def __init__(self, config: StateKeeperConfig, state: SharedState, job: str, identity: tuple[str, int]) -> None:
+        self.config, self.state, self.job, self.identity = config, state, job, identity
+        self.local = LocalCopy(config.local_dir, job, identity[0]) if config.local_dir else None
+        self.epoch = 0                 # state epoch of the state held (0: not known, e.g. just pulled)
+        self.instance = ""             # this run of the job (from the replicated state), once seen
+        self.restored: str = ""        # what restore() did, for the application's log and the trace
+        self._restore_tried = False
+        self._saved: tuple[int, str] | None = None      # (revision, digest) of the last local copy written
+        self.checkpoints_written = 0
+
+    # --- before the first vote -------------------------------------------------------------------------
+
+    def restore(self, job_state: dict[str, Any]) -> str:
+        """Load the local copy once, if it is usable; returns a line saying what happened ("" if no copy)."""
+        self.instance = job_state["instance"]
+        if self._restore_tried or self.local is None:
+            return ""
+        self._restore_tried = True
+        info = self.local.describe()
+        if info is None:
+            return ""
+        if info.revision <= self.state.revision:
+            self.restored = (f"local copy of revision {info.revision} not used: this process starts at revision "
+                             f"{self.state.revision} already")
+            return self.restored
+        if not _on_branch(job_state, info.epoch, info.revision):
+            self.restored = (f"local copy of revision {info.revision} (state epoch {info.epoch}) ignored: the job "
+                             f"left that branch of history (forks {job_state.get('forks')})")
+            log.warning("%s", self.restored)
+            return self.restored
+        try:
+            done = self.local.load_into(self.state, instance=self.instance)
+        except LocalCopyError as e:
+            self.restored = f"local copy in {self.local.folder} not used: {e}"
+            log.warning("%s", self.restored)
+            return self.restored
+        self.epoch = done.info.epoch
+        self._saved = (done.info.revision, done.info.digest)
+        self.restored = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
+                         f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "
+                         f"{done.info.nbytes / 1e6:.1f} MB verified and loaded in {done.seconds * 1e3:.0f} ms)")
+        log.warning("%s", self.restored)
+        return self.restored
+
+    def vote_fields(self, job_state: dict[str, Any]) -> dict[str, Any]:
+        """What a `ready` vote says about the state (its epoch) and the newest usable checkpoint."""
+        self.instance = job_state["instance"]
+        fields: dict[str, Any] = {"epoch": self.epoch}
+        best = self._best_checkpoint(job_state)
+        if best is not None:
+            info, epoch = best
+            fields.update(ckpt_revision=info.revision, ckpt_digest=info.digest, ckpt_epoch=epoch)
+        return fields
+
+    # --- between generations ---------------------------------------------------------------------------
+
+    def load_frontier_checkpoint(self, job_state: dict[str, Any], frontier: Frontier) -> str:
+        """Load the checkpoint holding `frontier` (the election chose it); returns a line for the log."""
+        for info, _ in self._candidates(job_state):
+            if (info.revision, info.digest) != (frontier.revision, frontier.digest):
+                continue
+            try:
+                load_checkpoint(self.state, info)
+            except (CheckpointError, OSError) as e:
+                quarantine(info, str(e))
+                raise CheckpointError(f"the frontier's checkpoint {info.path} failed to load: {e}") from e
+            self.epoch = 0
+            return f"loaded checkpoint {info.path} (revision {info.revision}, digest {info.digest})"
+        raise CheckpointError(f"no checkpoint of revision {frontier.revision} with digest {frontier.digest} "
+                              f"is readable here any more")
+
+    def activated(self, cert: dict[str, Any]) -> None:
+        """The state now belongs to `cert`'s generation: note its epoch; save the local copy if it changed."""
+        self.epoch = int(cert.get("state_epoch", 1))
+        if self.local is not None and self._saved != (self.state.revision, cert["frontier"]["digest"]):
+            self._save_local(cert)
+
+    def committed(self, cert: dict[str, Any], rank: int) -> None:
+        """After a commit: save the local copy (every `local_every` revisions); rank 0 writes a checkpoint
+        every `checkpoint_every` revisions."""
+        if self.local is not None and self.state.revision % self.config.local_every == 0:
+            self._save_local(cert)
+        every = self.config.checkpoint_every
+        if rank == 0 and every and self.config.checkpoint_dir and self.state.revision % every == 0:
+            members = tuple(f"{m['peer_id']}#{m['incarnation']}" for m in cert["members"])
+            try:
+                write_checkpoint(self.state, self.config.checkpoint_dir, job=self.job, instance=self.instance,
+                                 epoch=self.epoch, generation=cert["generation"], writer=self.identity,
+                                 owners=members, keep=self.config.checkpoint_keep)
+                self.checkpoints_written += 1
+            except OSError as e:
+                log.error("checkpoint of revision %d in %s failed: %s (training goes on)", self.state.revision,
+                          self.config.checkpoint_dir, e)
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def _save_local(self, cert: dict[str, Any]) -> None:
+        """Save the local copy; a failure (a full tmpfs) is logged and training goes on with the older copy."""
+        try:
+            info = self.local.save(self.state, instance=self.instance, incarnation=self.identity[1],
+                                   generation=cert["generation"], epoch=self.epoch)
+        except OSError as e:
+            log.error("local copy of revision %d in %s failed: %s; a crash now would resume from the previous "
+                      "copy", self.state.revision, self.local.folder, e)
+            return
+        self._saved = (info.revision, info.digest)
+
+    def _candidates(self, job_state: dict[str, Any]) -> list[tuple[CheckpointInfo, int]]:
+        """(checkpoint, the epoch it counts as) for every checkpoint this process may offer."""
+        found = []
+        if self.config.checkpoint_dir:
+            for info in list_checkpoints(self.config.checkpoint_dir):
+                if (info.job, info.instance) == (self.job, job_state["instance"]):
+                    found.append((info, info.epoch))
+        for folder in self.config.restore_dirs:
+            found += [(info, 1) for info in list_checkpoints(folder)]      # the start of this run's history
+        return [(i, e) for i, e in found if _on_branch(job_state, e, i.revision)]
+
+    def _best_checkpoint(self, job_state: dict[str, Any]) -> tuple[CheckpointInfo, int] | None:
+        candidates = self._candidates(job_state)
+        return max(candidates, key=lambda c: c[0].revision) if candidates else None
+
+
+def _on_branch(job_state: dict[str, Any], epoch: int, revision: int) -> bool:
+    """The core's rule (GenerationMachine.on_branch), read from the replicated state's JSON."""
+    current = int(job_state.get("state_epoch", 1))
+    forks = [(f["epoch"], f["revision"]) for f in job_state.get("forks", [])]
+    return epoch == 0 or (epoch <= current and all(revision <= start for e, start in forks if e > epoch))

@@ -1,0 +1,160 @@
+"""Integration: state that survives its application processes (issue 16's items 3, 4 and 5).
+
+Three members run the exact integer mini-training of `apps/exact_train.py`; every application is then
+SIGKILLed at once (their agents live on), which before this work lost the state for good:
+- with local copies (the default) the new incarnations resume from their host's copy, at the revision
+  they had committed, without pulling, and end equal to the serial reference;
+- without local copies, the next generation would resume below the certified revision: it is held for
+  `--regress-wait`, then falls back to the newest checkpoint, loudly (`regressed_from`, `recovery`), and
+  still ends equal to the serial reference (the training is deterministic from any revision);
+- a whole new job started with `--restore DIR` resumes from that folder's newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pgen.testing.agents import active, free_control_ports
+from tests.integration.apps.exact_train import reference
+from tests.integration.test_training import read_traces
+
+pytestmark = pytest.mark.timeout(150)
+
+APP = [sys.executable, str(Path(__file__).parent / "apps" / "exact_train.py")]
+PEERS = ("p0", "p1", "p2")
+
+
+@pytest.fixture
+def run_env(tmp_path, monkeypatch):
+    dirs = {name: tmp_path / name for name in ("summaries", "traces", "markers", "checkpoints")}
+    for d in dirs.values():
+        d.mkdir()
+    monkeypatch.setenv("EXACT_MARKERS", str(dirs["markers"]))
+    monkeypatch.setenv("EXACT_STEP_DELAY", "0.04")
+    monkeypatch.setenv("P2PGEN_SUMMARY_DIR", str(dirs["summaries"]))
+    monkeypatch.setenv("P2PGEN_TRACE_DIR", str(dirs["traces"]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    return dirs
+
+
+def start_job(cluster, steps: int, monkeypatch, extra: tuple[str, ...] = ()) -> list[str]:
+    monkeypatch.setenv("EXACT_STEPS", str(steps))
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(len(PEERS))]
+    for peer, addr in zip(PEERS, addrs):
+        cluster.start(peer, addr, [a for a in addrs if a != addr], command=APP,
+                      extra=("--min-members=3", "--attach-grace=60", *extra))
+    return addrs
+
+
+def committed(traces_dir: Path) -> int:
+    return max((e["revision"] for events in read_traces(traces_dir).values() for e in events
+                if e["event"] == "commit"), default=0)
+
+
+def kill_every_application(cluster, addrs: list[str]) -> None:
+    """SIGKILL all three applications within a few milliseconds; their agents restart them."""
+    pids = []
+    for addr in addrs:
+        with cluster.client(addr) as c:
+            pids.append(c.show()["agent"]["app_pid"])
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def finish(cluster, summaries: Path, steps: int) -> list[dict]:
+    for agent in list(cluster.agents.values()):
+        cluster.wait_until(lambda: not agent.alive(), 120, f"{agent.peer_id} finishing")
+        assert agent.proc.returncode == 0, cluster.logs()
+    finals = [json.loads(Path(p).read_text()) for p in glob.glob(str(summaries / "*.json"))]
+    assert sorted(f["peer"] for f in finals) == sorted(PEERS)
+    for f in finals:
+        assert f["revision"] == steps and f["w"] == reference(steps).tolist(), f
+    return finals
+
+
+def wait_certificate(cluster, addr: str, predicate, timeout: float, what: str) -> tuple[dict, list[dict]]:
+    """Poll the job's history until a certificate satisfies `predicate`; returns it and every certificate."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with cluster.client(addr) as c:
+                certs = [h["certificate"] for h in c.history() if h["certificate"]]
+        except Exception:     # the agent is busy or restarting: poll again until the deadline
+            certs = []
+        found = [c for c in certs if predicate(c)]
+        if found:
+            return found[0], certs
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout} s\n{cluster.logs()}")
+
+
+def test_every_application_killed_at_once_resumes_from_the_local_copies(cluster, run_env, monkeypatch):
+    steps = 60
+    addrs = start_job(cluster, steps, monkeypatch)
+    cluster.wait_until(lambda: committed(run_env["traces"]) >= 15, 90, "15 steps committed")
+    kill_every_application(cluster, addrs)
+    killed_at = time.time()
+    before = committed(run_env["traces"])
+    after, history = wait_certificate(cluster, addrs[0], lambda c: c["activated_at"] > killed_at
+                                      and len(c["members"]) == 3, 60, "a generation of the three new incarnations")
+    finish(cluster, run_env["summaries"], steps)
+
+    assert all(c["regressed_from"] is None for c in history)
+    # each member's copy holds what it committed (a kill inside the save leaves the one before)
+    assert after["frontier"]["revision"] >= before - 1, (after["frontier"], before)
+    traces = read_traces(run_env["traces"])
+    restored = [t for name, t in traces.items() if any(e["event"] == "restore" and e["revision"] > 0 for e in t)]
+    assert len(restored) == 3, "every new incarnation restored its local copy"
+    for t in restored:
+        restore = next(e for e in t if e["event"] == "restore")
+        first_pull = next((e for e in t if e["event"] == "pull"), None)
+        if restore["revision"] == after["frontier"]["revision"]:
+            assert first_pull is None or first_pull["generation"] > after["generation"], "pulled what it held"
+
+
+def test_without_local_copies_the_job_waits_then_falls_back_to_a_checkpoint_loudly(cluster, run_env, monkeypatch):
+    steps = 45
+    addrs = start_job(cluster, steps, monkeypatch, extra=(
+        "--no-local-state", f"--checkpoint-dir={run_env['checkpoints']}", "--checkpoint-every=10",
+        "--regress-wait=3"))
+    cluster.wait_until(lambda: committed(run_env["traces"]) >= 14, 90, "14 steps committed")
+    with cluster.client(addrs[2]) as c:                 # one application dies: the next generation certifies r>=14
+        os.kill(c.show()["agent"]["app_pid"], signal.SIGKILL)
+    cluster.wait(addrs[0], lambda s: active(s) and active(s)["frontier"]["revision"] >= 14
+                 and len(active(s)["members"]) == 3 and active(s)["members"][2]["incarnation"] > 1, 60)
+    cluster.wait_until(lambda: committed(run_env["traces"]) >= 16, 60, "16 steps committed")
+    kill_every_application(cluster, addrs)
+    held = cluster.wait(addrs[0], lambda s: (s["state"]["pending"] or {}).get("hold") is not None, 60)
+    assert "no member holds certified revision" in held["state"]["pending"]["hold"]["reason"]
+    cert, history = wait_certificate(cluster, addrs[0], lambda c: c["regressed_from"] is not None, 60,
+                                     "the fallback to the checkpoint")
+    finish(cluster, run_env["summaries"], steps)
+
+    assert [c["generation"] for c in history if c["regressed_from"] is not None] == [cert["generation"]]
+    assert cert["frontier_source"] == "checkpoint" and cert["frontier"]["revision"] == 10
+    assert cert["regressed_from"] >= 14 and cert["state_epoch"] == 2 and "REGRESSED" in cert["recovery"]
+    assert cert["activated_at"] - held["state"]["pending"]["hold"]["since"] >= 3.0
+    assert any(p["checkpoint"] for p in cert["pulled"])
+
+
+def test_a_new_job_starts_again_from_the_checkpoints_of_one_that_died(cluster, run_env, monkeypatch):
+    steps = 40
+    addrs = start_job(cluster, steps, monkeypatch, extra=(
+        f"--checkpoint-dir={run_env['checkpoints']}", "--checkpoint-every=10"))
+    cluster.wait_until(lambda: any(n.name.startswith("ckpt-000000000020") for n in run_env["checkpoints"].iterdir()),
+                       90, "the checkpoint of revision 20")
+    cluster.stop_all()                                  # every host of the job is lost
+    cluster.job = "itest-restored"
+    addrs = start_job(cluster, steps, monkeypatch, extra=(f"--restore={run_env['checkpoints']}",))
+    first = cluster.wait(addrs[0], lambda s: active(s) is not None, 60)
+    assert active(first)["frontier"]["revision"] >= 20 and active(first)["frontier_source"] == "checkpoint"
+    assert active(first)["regressed_from"] is None
+    finish(cluster, run_env["summaries"], steps)
