@@ -10,7 +10,10 @@ from p2pgen.core.render import state_json
 
 pytestmark = pytest.mark.timeout(20)
 
-RAFT = {"term": 1, "index": 9, "leader": "127.0.0.1:20001", "nodes": ["127.0.0.1:20001"], "self": "127.0.0.1:20001"}
+NODE = "127.0.0.1:20001/4be1c09a7a3e"
+RAFT = {"term": 1, "index": 9, "leader": NODE, "leader_agent": "127.0.0.1:20000", "nodes": [NODE], "self": NODE,
+        "voter": True, "voters": [{"node": NODE, "agent": "127.0.0.1:20000"}], "nonvoters": []}
+AGENT = {"addr": "127.0.0.1:20000", "waiting": None}
 
 
 def machine_with_lost_state() -> GenerationMachine:
@@ -24,7 +27,7 @@ def machine_with_lost_state() -> GenerationMachine:
 
 def test_a_held_generation_is_shown_with_what_is_missing_and_how_long_it_waits():
     m = machine_with_lost_state()
-    text = format_show({"state": state_json(m), "raft": RAFT})
+    text = format_show({"state": state_json(m), "raft": RAFT, "agent": AGENT})
     assert "HELD:     certified revision 50 is missing; best available revision 40" in text
     assert "waiting until 110.000 for a holder, a local copy or a checkpoint" in text
     assert "over since" in format_hold(state_json(m)["pending"]["hold"], now=111.0)
@@ -34,7 +37,7 @@ def test_a_regressed_generation_is_shown_with_its_recovery_line():
     m = machine_with_lost_state()
     assert m.apply(Fallback(2, "b", 1, at=110.0)).ok
     assert m.apply(Synced(2, "b", 1, "k40", at=110.5)).ok
-    text = format_show({"state": state_json(m), "raft": RAFT})
+    text = format_show({"state": state_json(m), "raft": RAFT, "agent": AGENT})
     assert "state:    epoch 2, from checkpoint; if it would regress: wait 10 s, then refuse a fresh start" in text
     assert "RECOVERY: REGRESSED from certified revision 50 to revision 40 (10 committed step(s) lost)" in text
     assert "checkpoint" in text.split("RECOVERY")[1]
