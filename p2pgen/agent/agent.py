@@ -289,7 +289,24 @@ class Agent:
             self._stopped_app = None
         elif kind == "agent_lost":
             self._evict_agent(*event[1:])
+        elif kind == "reform":
+            self._reform(*event[1:])
         return False
+
+    def _reform(self, epoch: int, seed: str, gone: tuple[str, ...]) -> None:
+        """`p2pgen recover` asked this agent to move to a new Raft epoch: as its seed, or by joining it."""
+        view = self.membership.view()
+        known = self._known_agents(view) if view is not None else ()
+        try:
+            if seed == self.addr:
+                self.membership.reform_as_seed(epoch, gone)
+            else:
+                self.membership.reform_as_follower(epoch, seed, tuple(a for a in known if a not in gone))
+        except P2PGenError as e:
+            log.error("re-form to epoch %d refused: %s", epoch, e)
+            return
+        self._leaderless_since = None
+        self.heartbeats.reset()
 
     def _reconcile(self) -> None:
         self.membership.settle_pending()
@@ -487,6 +504,7 @@ class Agent:
     def _handlers(self) -> dict:
         return {
             "hello": self._rpc_hello, "membership": self._rpc_membership, "prepare_voter": self._rpc_prepare_voter,
+            "reform": self._rpc_reform,
             "show": self._rpc_show, "history": self._rpc_history, "submit": self._rpc_submit,
             "wait": self._rpc_wait, "attach": self._rpc_attach, "leave": self._rpc_leave,
         }
@@ -511,6 +529,17 @@ class Agent:
             raise P2PGenError(f"agent {self.addr} is leaving the job")
         return self.membership.prepare_voter([str(v) for v in params["voters"]])
 
+    def _rpc_reform(self, params: dict) -> dict:
+        """Move to Raft epoch `epoch` (from `p2pgen recover`, which checked that the old epoch lost its majority
+        for good): the agent named `seed` starts it from its own state, every other one joins it."""
+        epoch, seed = int(params["epoch"]), str(params["seed"])
+        gone = tuple(str(a) for a in params.get("gone", ()))
+        if epoch <= self.membership.epoch:
+            raise P2PGenError(f"epoch {epoch} is not above this agent's Raft epoch {self.membership.epoch}")
+        split_addr(seed)
+        self._events.put(("reform", epoch, seed, gone))
+        return {"accepted": True, "role": "seed" if seed == self.addr else "follower"}
+
     def _rpc_show(self, params: dict) -> dict:
         view = self._require_view()
         voters = [{"node": n, "agent": control_addr_of(n)} for n in view.nodes]
@@ -519,7 +548,8 @@ class Agent:
         decision = self.voters.last_decision
         return {
             "state": state_json(view.machine),
-            "raft": {"term": view.term, "index": view.version, "leader": view.leader,
+            "raft": {"term": view.term, "index": view.version, "epoch": view.epoch,
+                     "applied": [view.log_hash[1], view.log_hash[0]], "leader": view.leader,
                      "leader_agent": control_addr_of(view.leader) if view.leader else None,
                      "nodes": list(view.nodes), "self": view.node_id, "voter": view.voter,
                      "voters": voters, "nonvoters": nonvoters, "agents": self.live_agents(),

@@ -66,6 +66,35 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
 
 
+    rec = sub.add_parser("recover", help="re-form a job whose Raft majority is gone for good (fenced, new epoch)",
+                         description="Re-form the job from its survivors in a new Raft epoch, after a majority of "
+                                     "its voters was lost for good (etcd's --force-new-cluster, fenced: the new "
+                                     "epoch's keys differ, so no node of the old one can talk to it). Refused, "
+                                     "with the reason, while a majority of the voters answers or a leader is heard.")
+    rec.add_argument("--peer", action="append", required=True, metavar="HOST:PORT",
+                     help="control address of a surviving agent (the others are found from it)")
+    rec.add_argument("--gone", action="append", default=[], metavar="HOST:PORT",
+                     help="control address of an agent gone for good (its members are evicted)")
+    rec.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE)")
+    rec.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each survivor to re-form")
+    rec.set_defaults(func=cmd_recover)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from p2pgen.agent.recover import Recovery
+    try:
+        secret = read_secret_file(args.secret_file)
+    except SecretError as e:
+        print(f"p2pgen recover: {e}", file=sys.stderr)
+        return 2
+    plan = Recovery(args.peer, args.gone, secret, None, args.timeout).run(lambda line: print(line, flush=True))
+    if not plan.ok:
+        print(f"p2pgen recover: refused: {plan.reason}", file=sys.stderr)
+        return 1
+    print(f"re-formed: Raft epoch {plan.epoch}, seed {plan.seed}, {len(plan.followers)} other survivor(s)")
+    return 0
+
+
 def _command(args: argparse.Namespace) -> list[str] | None:
     command = list(args.command or [])
     if command and command[0] == "--":
@@ -144,7 +173,8 @@ def _table(rows: list[list[str]]) -> str:
 
 def format_show(shown: dict[str, Any]) -> str:
     state, raft, agent = shown["state"], shown["raft"], shown["agent"]
-    lines = [f"job {state['job']} · Raft term {raft['term']}, index {raft['index']}, leader "
+    epoch = f"epoch {raft['epoch']}, " if raft.get("epoch") else ""
+    lines = [f"job {state['job']} · Raft {epoch}term {raft['term']}, index {raft['index']}, leader "
              f"{raft['leader_agent'] or 'none heard'} · {len(raft['voters'])} voter(s), "
              f"{len(raft['nonvoters'])} non-voting member(s)",
              "voters:     " + ", ".join(f"{v['agent']} ({v['node'].rpartition('/')[2]})" for v in raft["voters"]),
@@ -168,6 +198,8 @@ def format_show(shown: dict[str, Any]) -> str:
         ]
         if cert.get("recovery"):
             lines.append(f"RECOVERY: {cert['recovery']}")
+        if cert.get("reformed"):
+            lines.append(f"RE-FORMED: {cert['reformed']}")
         quiescence = {q["peer_id"]: q["quiescence"] for q in cert["quiescence"]}
         revisions = {r["peer_id"]: r["revision"] for r in cert["revisions"]}
         pulled = {p["peer_id"]: "checkpoint" if p.get("checkpoint") else "/".join(p["sources"]) for p in cert["pulled"]}

@@ -21,6 +21,7 @@ it waits (`waiting`), in the log every few seconds and in `show`.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from p2pgen.agent.rpc import RpcClient, split_addr
+from p2pgen.core import Reformed
 from p2pgen.core.voters import target_voters
 from p2pgen.errors import AuthenticationError, P2PGenError
 from p2pgen.raft.identity import new_node_id, raft_addr_of
@@ -62,11 +64,12 @@ class Hello:
     cluster: tuple[str, ...]
     node: str                       # its voter id (forming: the id it will form with), "" if none
     voters: tuple[str, ...]         # running: the voters it knows, with a leader heard recently
+    epoch: int = 0                  # its Raft epoch (a fenced re-form starts a new one)
 
     @staticmethod
     def parse(addr: str, raw: dict) -> "Hello":
         return Hello(addr, raw["mode"], tuple(raw.get("cluster", ())), raw.get("node") or "",
-                     tuple(raw.get("voters", ())))
+                     tuple(raw.get("voters", ())), int(raw.get("epoch", 0)))
 
 
 class RaftMembership:
@@ -77,6 +80,7 @@ class RaftMembership:
         self.cluster = tuple(sorted({addr, *self.peers}))
         self.raft_addr = f"{split_addr(addr)[0]}:{split_addr(addr)[1] + 1}"
         self.formation_id = new_node_id(self.raft_addr)    # the id this agent forms the job with, if it does
+        self.epoch = 0                                      # Raft epoch: +1 at each fenced re-form
         self._stopping = stopping
         self._lock = threading.Lock()                     # guards node / pending switches
         self.node: RaftNode | None = None
@@ -109,11 +113,12 @@ class RaftMembership:
         view = node.view() if node is not None else None
         if view is not None and view.leader is not None and not view.removed:
             return {"mode": "running", "cluster": list(self.cluster), "node": view.node_id or "",
-                    "voters": list(view.nodes), "leader": view.leader}
+                    "voters": list(view.nodes), "leader": view.leader, "epoch": self.epoch}
         if node is None or (node is self._launching and node.node_id):
             forming_with = node.node_id if node is not None else self.formation_id
-            return {"mode": "forming", "cluster": list(self.cluster), "node": forming_with, "voters": []}
-        return {"mode": "joining", "cluster": list(self.cluster), "node": "", "voters": []}
+            return {"mode": "forming", "cluster": list(self.cluster), "node": forming_with, "voters": [],
+                    "epoch": self.epoch}
+        return {"mode": "joining", "cluster": list(self.cluster), "node": "", "voters": [], "epoch": self.epoch}
 
     # --- joining -----------------------------------------------------------------------------------
 
@@ -133,6 +138,12 @@ class RaftMembership:
 
     def _join_from(self, hellos: list[Hello]) -> bool:
         running = [h for h in hellos if h.mode == "running" and h.voters]
+        if running:                     # the newest Raft epoch wins: an older one was fenced off by a re-form
+            newest = max(h.epoch for h in running)
+            running = [h for h in running if h.epoch == newest]
+            if newest > self.epoch:
+                log.warning("the job was re-formed: joining Raft epoch %d", newest)
+                self.epoch = newest
         for h in running:
             if self.formation_id in h.voters and self.node is None:
                 return self._launch(self.formation_id, list(h.voters), f"formed the job (voters from {h.addr})")
@@ -175,7 +186,7 @@ class RaftMembership:
 
     def _launch(self, node_id: str | None, voters: list[str], why: str) -> bool:
         """Start a node and wait until it caught up with a leader; True when it did (it is then `node`)."""
-        node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace)
+        node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace, self.epoch)
         self._launching = node                  # from now on `hello` names this node's id, never a fresh one
         try:
             if node_id is not None and node_id == self.formation_id:
@@ -235,7 +246,8 @@ class RaftMembership:
                 return self._pending.node_id
             if self.node is None or not self.caught_up():
                 raise P2PGenError(f"agent {self.addr} is not caught up with the job: it cannot become a voter now")
-            pending = RaftNode(self.job, new_node_id(self.raft_addr), voters, self.secret, self.timing, self.trace)
+            pending = RaftNode(self.job, new_node_id(self.raft_addr), voters, self.secret, self.timing, self.trace,
+                               self.epoch)
             pending.start()
             self._pending, self._pending_since = pending, time.monotonic()
         log.info("prepared voter %s for promotion", pending.node_id)
@@ -312,6 +324,48 @@ class RaftMembership:
                 n.stop()
         self.wait_because(why)
         self.join(known_agents)
+
+    # --- fenced re-form (`p2pgen recover`) ----------------------------------------------------------
+
+    def reform_as_seed(self, epoch: int, gone: tuple[str, ...]) -> None:
+        """Start Raft epoch `epoch` alone from this node's applied state; the others join it. Blocks until its
+        first entry (`Reformed`) committed."""
+        base = self._leave_epoch(epoch)
+        log.warning("re-forming the job in Raft epoch %d from this agent's state (applied up to index %d)",
+                    epoch, base[1])
+        node_id = new_node_id(self.raft_addr)
+        self.formation_id = new_node_id(self.raft_addr)
+        if not self._launch(node_id, [], f"re-formed in Raft epoch {epoch} as its seed"):
+            return
+        while not self._stopping():
+            try:
+                outcome = self.node.submit(Reformed(epoch, self.addr, gone, base[0], at=time.time()), timeout=5.0)
+                log.warning("%s", outcome.reason)
+                return
+            except P2PGenError as e:
+                self.wait_because(f"re-form in epoch {epoch}: first entry not committed yet ({e})")
+
+    def reform_as_follower(self, epoch: int, seed: str, known_agents: tuple[str, ...]) -> None:
+        """Leave the old epoch and join `epoch` through its seed (or any member already in it)."""
+        self._leave_epoch(epoch)
+        log.warning("joining Raft epoch %d through its seed %s", epoch, seed)
+        self.join((seed, *known_agents))
+
+    def _leave_epoch(self, epoch: int) -> tuple[object, int]:
+        """Stop every node of the old epoch (their ids are never used again); returns its applied state."""
+        if epoch <= self.epoch:
+            raise P2PGenError(f"Raft epoch {epoch} is not above this agent's epoch {self.epoch}")
+        with self._lock:
+            old, self.node = self.node, None
+            pending, self._pending = self._pending, None
+        for n in (pending, old):
+            if n is not None:
+                n.stop()
+        view = old.view() if old is not None else None
+        if view is None:
+            raise P2PGenError("this agent holds no replicated state to re-form from")
+        self.epoch = epoch
+        return copy.deepcopy(view.machine), view.version
 
     def stop(self) -> None:
         with self._lock:

@@ -10,13 +10,13 @@ from p2pgen.core.model import (
     COMMAND_TYPES, DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef,
     Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Leave,
     LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Pull, Ready, ReadyVote,
-    Reform, Register, RestartRequired, Suspect, Synced, Tombstone, retirement_reason,
+    Reform, Reformed, Register, RestartRequired, Suspect, Synced, Tombstone, retirement_reason,
 )
 
 __all__ = [
     "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
     "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
     "GenerationMachine", "Hold", "HistoryEntry", "Leave", "LogPosition", "Member", "MemberEvicted", "Outcome",
-    "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Register",
+    "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed", "Register",
     "RestartRequired", "Suspect", "Synced", "Tombstone", "elect_frontier", "retirement_reason",
 ]

@@ -19,11 +19,15 @@ Invariants kept (checked by tests/core after every step):
   start. Such an activation opens a new state epoch (a new branch of history): a vote for a state of an
   older epoch above the revision where a later epoch began is refused, so a state of a dead branch (an
   old local copy or checkpoint) can never be mixed into the new one.
+- Re-form (`Reformed`, the first entry of a new Raft epoch after a majority of voters was lost for good):
+  the job continues from the state of the survivor that applied the most, so generation and incarnation
+  numbers keep going up; the members of the lost agents are evicted and the survivors proposed.
 An invalid command changes nothing and returns the reason (`Outcome.ok is False`).
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -31,7 +35,7 @@ from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.model import (
     DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
     Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
-    MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Register,
+    MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed, Register,
     RestartRequired, Suspect, Synced, Tombstone,
 )
 
@@ -77,6 +81,8 @@ class GenerationMachine:
         self.hold_since: float | None = None        # when the certified state was first found missing
         self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
+        self.raft_epoch = 0                         # +1 at each fenced re-form (`Reformed`)
+        self.reform_note = ""                       # carried by the next certificate, then cleared
 
     # --- queries -----------------------------------------------------------------------------------
 
@@ -398,7 +404,9 @@ class GenerationMachine:
             divergence=election.divergence, regressed_from=election.regressed_from,
             proposed_at=proposal.opened_at, activated_at=at, raft_term=position.term, raft_index=position.index,
             state_epoch=self.state_epoch, frontier_source=election.source, recovery=recovery,
+            raft_epoch=self.raft_epoch, reformed=self.reform_note,
         )
+        self.reform_note = ""
         self.active = cert
         self.pending = None
         self.history.append(HistoryEntry(cert.generation, "activated", cert.reason, cert.members, at, cert))
@@ -422,7 +430,33 @@ class GenerationMachine:
         return "removed"
 
 
+def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> Outcome:
+    """Adopt the seed's state as the first entry of a new Raft epoch, then drop the lost agents' members and
+    propose the survivors: generation and incarnation numbers continue above every one the seed had seen."""
+    if not isinstance(cmd.base, GenerationMachine) or cmd.base.job != self.job:
+        return Outcome.refused("reformed: the base is not a replicated state of this job")
+    if cmd.epoch <= cmd.base.raft_epoch:
+        return Outcome.refused(f"reformed: epoch {cmd.epoch} is not above the base's epoch {cmd.base.raft_epoch}")
+    fresh = self.last_generation == 0 and not self.history and not self.members and not self.last_incarnation
+    if self.raft_epoch == cmd.epoch and not fresh:
+        return Outcome(True, f"already re-formed in epoch {cmd.epoch} (replay)")
+    if not fresh:
+        return Outcome.refused(f"reformed: epoch {cmd.epoch} must be the first entry of a new Raft log")
+    self.__dict__.update(copy.deepcopy(cmd.base.__dict__))
+    self.raft_epoch = cmd.epoch
+    lost = ", ".join(cmd.gone) or "none named"
+    self.reform_note = f"re-formed in Raft epoch {cmd.epoch} from seed agent {cmd.seed} (lost for good: {lost})"
+    effects: list[Effect] = []
+    gone = set(cmd.gone)
+    for member in [m for m in self.members if m.addr("agent") in gone]:
+        self._evict(member, f"its agent {member.addr('agent')} is gone for good ({self.reform_note})", cmd.at,
+                    effects)
+    self._membership_changed(self.reform_note, cmd.at, effects)
+    return Outcome(True, self.reform_note, tuple(effects))
+
+
 _HANDLERS = {
+    Reformed: _reformed,
     Configure: GenerationMachine._configure,
     Register: GenerationMachine._register,
     Suspect: GenerationMachine._suspect,

@@ -133,6 +133,8 @@ class Certificate:
     state_epoch: int = 1                        # goes up by one at each activation that regressed (a new branch)
     frontier_source: str = "members"            # "members" (a live member held it) or "checkpoint"
     recovery: str = ""                          # loud one-line note when the frontier regressed or came from a checkpoint
+    raft_epoch: int = 0                         # the Raft epoch (0, then +1 at each fenced re-form) that certified it
+    reformed: str = ""                          # on the first generation after a re-form: the epoch, seed and lost agents
 
     def rank_of(self, peer_id: str) -> int | None:
         for rank, member in enumerate(self.members):
@@ -283,7 +285,20 @@ class Synced:
     at: float = 0.0
 
 
-Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback]
+@dataclass(frozen=True)
+class Reformed:
+    """The first entry of a new Raft epoch (`p2pgen recover`, after a majority of voters was lost for good):
+    the job continues from `base`, the replicated state of the survivor that had applied the most (`seed`, its
+    agent), without the members of the agents named `gone`. Only the agents submit it, never the wire."""
+
+    epoch: int
+    seed: str
+    gone: tuple[str, ...]
+    base: Any                                   # a GenerationMachine (typed loosely: core.generation imports this)
+    at: float = 0.0
+
+
+Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Reformed]
 COMMAND_TYPES: dict[str, type] = {
     c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback)}
 

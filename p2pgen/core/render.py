@@ -126,6 +126,7 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
         "rules": {"min_members": m.min_members or 1, "regress_wait": m.regress_wait,
                   "allow_fresh_start": m.allow_fresh_start},
         "state_epoch": m.state_epoch,
+        "raft_epoch": m.raft_epoch,
         "forks": [{"epoch": e, "revision": r} for e, r in m.forks],
         "active": m.active.to_json() if m.active else None,
         "pending": proposal_json(m.pending) if m.pending else None,

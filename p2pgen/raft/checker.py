@@ -11,7 +11,9 @@ tests, `p2pgen chaos` and `p2pgen stress`:
 - (d) `generation_once`: each generation number was activated by one log entry, with one member list
   (rank order included) and one frontier revision (I1).
 Every check compares what *different* processes applied, so each lineage that looks consistent on its
-own is still caught when it disagrees with another.
+own is still caught when it disagrees with another. Indexes and terms are compared within a Raft epoch
+(`epoch` in a record; a fenced re-form, `p2pgen recover`, starts a new log), registrations and generation
+numbers across all of them.
 Invariant kept: the checker only reads; a malformed line never aborts it (the last line of a SIGKILLed
 agent's file may be cut short: it is counted as truncated, any other bad line is listed as unreadable).
 Records without a trace `kind` are skipped: the applications' own traces (`event` records) may share
@@ -150,7 +152,7 @@ def check(traces: Traces) -> CheckResult:
         "processes": len({(r["agent"], r["instance"]) for r in traces.records}),
         "nodes": len({who(r) for r in traces.records}),
         "indexes_compared": sum(1 for nodes in _applied_by_index(traces).values() if len(nodes) > 1),
-        "terms": len({r["term"] for r in traces.of("leader")}),
+        "terms": len({(epoch(r), r["term"]) for r in traces.of("leader")}),
         "registrations": len({(r["peer_id"], r["incarnation"]) for r in traces.of("register")}),
         "generations": len({r["generation"] for r in traces.of("activated")}),
         "truncated": traces.truncated,
@@ -168,37 +170,48 @@ def _violations(name: str, traces: Traces) -> list[str]:
     if name == "log_matching":
         return _log_matching(traces)
     if name == "one_leader_per_term":
-        claims = _group(traces.of("leader"), lambda r: r["term"], lambda r: f"{who(r)} (agent {r['agent']})")
-        return _disagreements(claims, lambda term, c: f"term {term}: {len(c)} leaders, {', '.join(c)}")
+        claims = _group(traces.of("leader"), lambda r: (epoch(r), r["term"]),
+                        lambda r: f"{who(r)} (agent {r['agent']})")
+        return _disagreements(claims, lambda key, c: f"{_at(key[0])}term {key[1]}: {len(c)} leaders, {', '.join(c)}")
     if name == "register_once":
         return _disagreements(_group(traces.of("register"), lambda r: (r["peer_id"], r["incarnation"]),
-                                     lambda r: f"index {r['index']}"),
+                                     lambda r: f"{_at(epoch(r))}index {r['index']}"),
                               lambda key, claims: f"{key[0]}#{key[1]} registered at {_list(claims)}")
     return _disagreements(_group(traces.of("activated"), lambda r: r["generation"], _activation_text),
                           lambda gen, claims: f"generation {gen} activated as {_list(claims)}")
 
 
+def epoch(record: dict[str, Any]) -> int:
+    """The Raft epoch a record belongs to (0 before any re-form; each epoch has a log of its own)."""
+    return int(record.get("epoch") or 0)
+
+
+def _at(e: int) -> str:
+    return f"epoch {e} " if e else ""
+
+
 def _log_matching(traces: Traces) -> list[str]:
     out = []
-    for index, by_node in sorted(_applied_by_index(traces).items()):
+    for (e, index), by_node in sorted(_applied_by_index(traces).items()):
         hashes: dict[str, list[str]] = defaultdict(list)
         for node, h in sorted(by_node.items()):
             hashes[h].append(node)
         if len(hashes) > 1:
-            out.append(f"index {index}: " + "; ".join(f"hash {h[:12]} at {', '.join(nodes)}"
+            out.append(f"{_at(e)}index {index}: " + "; ".join(f"hash {h[:12]} at {', '.join(nodes)}"
                                                       for h, nodes in hashes.items()))
     return out
 
 
-def _applied_by_index(traces: Traces) -> dict[int, dict[str, str]]:
-    """index -> {node: hash}; a node that recorded two hashes for one index is listed under both names."""
-    by_index: dict[int, dict[str, str]] = defaultdict(dict)
+def _applied_by_index(traces: Traces) -> dict[tuple[int, int], dict[str, str]]:
+    """(epoch, index) -> {node: hash}; a node that recorded two hashes for one index is listed under both
+    names. Each Raft epoch has a log of its own: indexes are compared within an epoch."""
+    by_index: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
     for r in traces.of("applied"):
-        node = who(r)
-        held = by_index[r["index"]].get(node)
+        node, key = who(r), (epoch(r), r["index"])
+        held = by_index[key].get(node)
         if held is not None and held != r["hash"]:
             node = f"{node} (again, {r['source']}:{r['line']})"
-        by_index[r["index"]][node] = r["hash"]
+        by_index[key][node] = r["hash"]
     return by_index
 
 
@@ -223,16 +236,16 @@ def _list(claims: dict[str, list[str]]) -> str:
 
 def _activation_text(r: dict[str, Any]) -> str:
     members = " ".join(f"{p}#{n}" for p, n in r["members"])
-    return f"index {r['index']} [{members}] at revision {r['revision']}"
+    return f"{_at(epoch(r))}index {r['index']} [{members}] at revision {r['revision']}"
 
 
 def activations(traces: Traces) -> list[Activation]:
     """Each (generation, activating entry) once, in log order; the earliest time any node recorded it."""
-    seen: dict[tuple[int, int], Activation] = {}
+    seen: dict[tuple[int, int, int], Activation] = {}
     for r in traces.of("activated"):
-        key = (r["generation"], r["index"])
+        key = (r["generation"], epoch(r), r["index"])
         members = tuple((str(p), int(n)) for p, n in r["members"])
         if key not in seen or r["t"] < seen[key].t:
             seen[key] = Activation(r["generation"], r["index"], members, r["revision"], r.get("regressed_from"),
                                    r["t"])
-    return sorted(seen.values(), key=lambda a: (a.index, a.generation))
+    return sorted(seen.values(), key=lambda a: (a.generation, a.index))

@@ -47,6 +47,12 @@ from p2pgen.raft.transport import NodeTransport
 log = logging.getLogger(__name__)
 
 
+def raft_purpose(epoch: int) -> str:
+    """The key purpose of a Raft epoch: nodes of different epochs cannot decrypt each other (a fenced re-form
+    starts a new epoch, `p2pgen recover`)."""
+    return "raft" if epoch == 0 else f"raft/epoch/{epoch}"
+
+
 class RaftUnavailable(P2PGenError):
     """No Raft quorum answered in time: a majority of agents is unreachable."""
 
@@ -90,6 +96,7 @@ class RaftView:
     checkpoints: tuple[tuple[int, int, str], ...] = ()     # recent (index, term, hex), every CHECKPOINT_EVERY
     refusals: tuple[tuple[float, str, str], ...] = ()      # refusals received: (monotonic time, by node, reason)
     refused: tuple[tuple[str, int], ...] = ()              # connections this node refused: (kind, count)
+    epoch: int = 0                                         # the Raft epoch (a fenced re-form starts a new one)
 
     @property
     def voter(self) -> bool:
@@ -113,12 +120,13 @@ class RaftNode:
     member that dials the voters, receives the log and submits commands through the leader."""
 
     def __init__(self, job: str, node_id: str | None, voters: list[str], secret: bytes,
-                 timing: RaftTiming = RaftTiming(), trace: Trace | None = None) -> None:
+                 timing: RaftTiming = RaftTiming(), trace: Trace | None = None, epoch: int = 0) -> None:
         self.job = job
         self.node_id = node_id
         self.timing = timing
         self._voters = sorted(v for v in voters if v != node_id)
-        self._password = derive_key(secret, job, "raft").hex()
+        self.epoch = epoch
+        self._password = derive_key(secret, job, raft_purpose(epoch)).hex()
         self._state = JobState(job)
         self._trace = trace or Trace(None, "", "", "")
         self._inbox: queue.Queue[_Request] = queue.Queue()
@@ -199,7 +207,7 @@ class RaftNode:
             self._error = e
             self._started.set()
             return
-        self._trace.record("node", self.node_id, voter=self.node_id is not None)
+        self._record("node", self.node_id, voter=self.node_id is not None)
         self._started.set()
         try:
             while not self._stop.is_set():
@@ -214,7 +222,7 @@ class RaftNode:
             self._so.destroy()
             index, term, digest = self._last_applied
             if index:
-                self._trace.record("applied", self.node_id, index=index, term=term, hash=digest)
+                self._record("applied", self.node_id, index=index, term=term, hash=digest)
             self._trace.flush()
             for request in list(self._requests.values()):
                 request.future.set_exception(RaftUnavailable("raft node stopped"))
@@ -222,18 +230,21 @@ class RaftNode:
             with self._view_changed:
                 self._view_changed.notify_all()
 
+    def _record(self, kind: str, node: str | None, **fields: object) -> None:
+        self._trace.record(kind, node, epoch=self.epoch, **fields)
+
     # --- hooks called by SyncObj on this thread ------------------------------------------------------
 
     def _on_state_changed(self, old: int, new: int) -> None:
         if new == _RAFT_STATE.LEADER:
-            self._trace.record("leader", self.node_id, term=self._so.raftCurrentTerm)
+            self._record("leader", self.node_id, term=self._so.raftCurrentTerm)
 
     def _on_applied(self, index: int, term: int, command: bytes, result: object) -> None:
         digest = self._state.fold_entry(index, term, command)
         self._last_applied = (index, term, digest)
         if index % CHECKPOINT_EVERY == 0:
             self._checkpoints.append(self._last_applied)
-            self._trace.record("applied", self.node_id, index=index, term=term, hash=digest)
+            self._record("applied", self.node_id, index=index, term=term, hash=digest)
         kind = command[0] if command else None
         if kind == _COMMAND_TYPE.MEMBERSHIP and self.node_id is not None:
             change = so_pickle.loads(command[1:])
@@ -248,12 +259,12 @@ class RaftNode:
         args = call[1] if isinstance(call, tuple) and len(call) > 1 else ()
         submitted = args[1] if len(args) > 1 else None
         if isinstance(submitted, Register):
-            self._trace.record("register", self.node_id, index=index, peer_id=submitted.peer_id,
+            self._record("register", self.node_id, index=index, peer_id=submitted.peer_id,
                                incarnation=submitted.incarnation)
         for effect in outcome.effects:
             if isinstance(effect, Activated):
                 cert = effect.certificate
-                self._trace.record("activated", self.node_id, index=index, generation=cert.generation,
+                self._record("activated", self.node_id, index=index, generation=cert.generation,
                                    members=[[m.peer_id, m.incarnation] for m in cert.members],
                                    revision=cert.frontier.revision, regressed_from=cert.regressed_from)
 
@@ -338,7 +349,7 @@ class RaftNode:
             else old.machine
         view = RaftView(so.raftLastApplied, machine, so.raftCurrentTerm, leader, so._isLeader(), nodes,
                         so.isReady(), self.node_id, self._removed, self._last_applied, tuple(self._checkpoints),
-                        refusals, refused)
+                        refusals, refused, self.epoch)
         with self._view_changed:
             self._view = view
             self._view_changed.notify_all()

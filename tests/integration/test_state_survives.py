@@ -69,12 +69,12 @@ def kill_every_application(cluster, addrs: list[str]) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def finish(cluster, summaries: Path, steps: int) -> list[dict]:
+def finish(cluster, summaries: Path, steps: int, peers: tuple[str, ...] | list[str] = PEERS) -> list[dict]:
     for agent in list(cluster.agents.values()):
         cluster.wait_until(lambda: not agent.alive(), 120, f"{agent.peer_id} finishing")
         assert agent.proc.returncode == 0, cluster.logs()
     finals = [json.loads(Path(p).read_text()) for p in glob.glob(str(summaries / "*.json"))]
-    assert sorted(f["peer"] for f in finals) == sorted(PEERS)
+    assert sorted(f["peer"] for f in finals) == sorted(peers)
     for f in finals:
         assert f["revision"] == steps and f["w"] == reference(steps).tolist(), f
     return finals
