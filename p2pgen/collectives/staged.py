@@ -63,11 +63,8 @@ class HostStagedBackend:
 
     @property
     def failed(self) -> str | None:
-        """Why the inner backend is unusable, or None (tcp: the error its session was retired with)."""
-        error = getattr(self.inner, "failed", None)
-        if error is None and hasattr(self.inner, "session"):
-            error = self.inner.session._error
-        return None if error is None else str(error)
+        """Why the inner backend is unusable, or None."""
+        return self.inner.failed
 
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         return self._run(lambda b: self.inner.all_reduce(b, op), buf)
@@ -80,6 +77,17 @@ class HostStagedBackend:
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         return self._run(lambda o, i: self.inner.reduce_scatter(o, i, op), output, input)
+
+    def all_to_all(self, output: Any, input: Any, output_splits: Sequence[int] | None = None,
+                   input_splits: Sequence[int] | None = None) -> Any:
+        return self._run(lambda o, i: self.inner.all_to_all(o, i, output_splits, input_splits), output, input)
+
+    def subgroup(self, ranks: Sequence[int]) -> "HostStagedBackend":
+        """The inner backend's subgroup of `ranks`, staged the same way (the inner backend must have one)."""
+        make = getattr(self.inner, "subgroup", None)
+        if make is None:
+            raise NotImplementedError(f"{type(self.inner).__name__} has no subgroups")
+        return HostStagedBackend(make(ranks), self._stagers)
 
     def send(self, buf: Any, dst: int) -> None:
         self.inner.send(self._host(buf)[0], dst)
