@@ -48,7 +48,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from p2pgen.collectives.backend import ReduceOp, as_op, splits
-from p2pgen.collectives.nccl_buffers import DTYPES, ITEMSIZE, DevBuf, nccl_dtype, nccl_op, wire
+from p2pgen.collectives.nccl_buffers import DTYPES, ITEMSIZE, REDUCTIONS, DevBuf, nccl_dtype, nccl_op, wire
 from p2pgen.collectives.nccl_id import decode, encode, to_cupy
 from p2pgen.errors import GenerationChanged, PeerLost
 
@@ -110,6 +110,8 @@ def new_comm_id(nccl: Any) -> str:
 
 class NcclBackend:
     """Collectives of one generation on one NCCL communicator. Construct cheaply; connect() initialises."""
+
+    reductions = REDUCTIONS          # the (op, dtype) pairs it reduces (NCCL has no bitwise ops)
 
     def __init__(self, comm_id: str, rank: int, world: int, generation: int, *, nccl: Any = None,
                  device: Any = None, device_index: int | None = None, cupy_major: int | None = None,

@@ -62,6 +62,10 @@ class HostStagedBackend:
         return self.inner.op_seq
 
     @property
+    def reductions(self) -> Any:
+        return self.inner.reductions
+
+    @property
     def failed(self) -> str | None:
         """Why the inner backend is unusable, or None."""
         return self.inner.failed
@@ -97,6 +101,12 @@ class HostStagedBackend:
 
     def barrier(self) -> None:
         self.inner.barrier()
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool = False) -> None:
+        make = getattr(self.inner, "monitored_barrier", None)
+        if make is None:
+            raise NotImplementedError(f"{type(self.inner).__name__} has no monitored barrier")
+        make(timeout, wait_all_ranks)
 
     def connect(self) -> None:
         self.inner.connect()

@@ -30,18 +30,22 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Any, Sequence
 
 import numpy as np
 
-from p2pgen.collectives.backend import ReduceOp, as_op, check_reduction, splits
+from p2pgen.collectives.backend import REDUCTIONS, ReduceOp, as_op, check_reduction, splits
 from p2pgen.collectives.buffers import Flat, combine, divide
+from p2pgen.errors import PeerLost
 from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
 
 
 class TcpBackend:
     """Collectives of one generation. Cheap to construct: connections are made on first use."""
+
+    reductions = REDUCTIONS          # the (op, dtype) pairs it reduces
 
     def __init__(self, transport: Transport, group: Group, *, in_place_all_reduce: bool = False) -> None:
         self.in_place_all_reduce = in_place_all_reduce
@@ -84,7 +88,7 @@ class TcpBackend:
     @property
     def failed(self) -> str | None:
         """Why this generation's session is unusable (aborted or failed), or None."""
-        error = self.session._error
+        error = self.session.error
         return None if error is None else str(error)
 
     @property
@@ -185,6 +189,41 @@ class TcpBackend:
     def barrier(self) -> None:
         """Returns once every member has entered the barrier."""
         self.all_reduce(np.zeros(1, np.int32))
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool = False) -> None:
+        """A barrier whose rank 0 waits at most `timeout` seconds for the others: every rank reports to rank 0,
+        which releases them all. If a rank is late, rank 0 retires this generation (so the ranks waiting for
+        its release fail at once with PeerLost) and raises PeerLost naming the late rank (every late rank
+        with `wait_all_ranks`)."""
+        with self.session.operation("monitored_barrier"):
+            seq = self._next_seq()
+            if self.world == 1:
+                return
+            token = np.zeros(1, np.uint8)
+            if self.rank:
+                _Pipe(None, self._link(0), FrameKind.COLLECTIVE, seq, inline=False).send(token)
+                self._link(0).flush()
+                _Pipe(self._link(0), None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
+                return
+            links = self._links(list(range(1, self.world)))
+            deadline = time.monotonic() + timeout
+            late = []
+            for r in range(1, self.world):
+                if late and not wait_all_ranks:
+                    break
+                if links[r].readable(deadline - time.monotonic()):
+                    _Pipe(links[r], None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
+                else:
+                    late.append(r)
+            if late:
+                error = PeerLost(f"rank(s) {late} failed to pass monitored_barrier within {timeout:g} s "
+                                 f"(generation {self.generation} is retired)")
+                self.session.fail(error)
+                raise error
+            for r in range(1, self.world):
+                _Pipe(None, links[r], FrameKind.COLLECTIVE, seq, inline=False).send(token)
+            for r in range(1, self.world):
+                links[r].flush()
 
     def send(self, buf: Any, dst: int) -> None:
         """Returns once the payload is handed to the kernel; pair it with `recv` on `dst` (blocking, as in MPI)."""
