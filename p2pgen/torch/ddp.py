@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from p2pgen.errors import P2PGenError
+from p2pgen.torch import group as _group
 from p2pgen.torch.group import P2PGenProcessGroup
 
 
@@ -31,18 +32,20 @@ def unwrap_errors(group: P2PGenProcessGroup | None = None) -> Iterator[None]:
     """Re-raise a p2pgen error that torch wrapped in a RuntimeError (DDP's reducer does, in backward).
 
     Use it inside `with step:` (`with step, p2pgen.torch.unwrap_errors():`) so that the step sees
-    GenerationChanged/PeerLost and discards itself. Only errors raised while an operation of `group`
-    failed are translated; any other exception passes unchanged.
+    GenerationChanged/PeerLost and discards itself. Only errors raised while an operation of `group` (of any
+    p2pgen group when None: DDP's, FSDP2's generation group, subgroups) failed are translated; any other
+    exception passes unchanged.
     """
-    group = group or default_group()
-    failures = group.failures
+    record = group or _group.failures
+    count = record.failures if group is not None else record.count
     try:
         yield
     except P2PGenError:
         raise
     except RuntimeError as e:
-        if group.failures != failures and group.last_failure is not None:
-            raise group.last_failure from e
+        now, last = (group.failures, group.last_failure) if group is not None else (record.count, record.last)
+        if now != count and last is not None:
+            raise last from e
         raise
 
 

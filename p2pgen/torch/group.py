@@ -209,6 +209,19 @@ class _Worker:
                 future.set_result(value)
 
 
+class _Failures:
+    """Every failed operation of every p2pgen group of this process (what `unwrap_errors()` looks at)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: BaseException | None = None
+
+    def record(self, error: BaseException) -> None:
+        self.last = error
+        self.count += 1
+
+
+failures = _Failures()
 _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
@@ -307,6 +320,7 @@ class P2PGenProcessGroup(dist.ProcessGroup):
     def _record_failure(self, error: BaseException) -> None:
         self.last_failure = error
         self.failures += 1
+        failures.record(error)
 
     def shutdown(self) -> None:
         if self._on_shutdown is not None:
@@ -318,24 +332,34 @@ class P2PGenProcessGroup(dist.ProcessGroup):
 
     # --- collectives (the methods torch.distributed calls, from Python and from C++) -------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
-        return self._submit(ops.all_reduce(self._current(), tensors, opts))
+    def allreduce(self, tensors: Any, opts: Any = dist.ReduceOp.SUM) -> Work:
+        return self._submit(ops.all_reduce(self._current(), _listed(tensors), opts))
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Work:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = dist.ReduceOp.SUM) -> Work:
         return self._submit(ops.all_reduce(self._current(), tensors, opts, "all_reduce_coalesced"))
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Work:
-        return self._submit(ops.broadcast(self._current(), tensors, opts.rootRank))
+    def broadcast(self, tensors: Any, opts: Any = 0) -> Work:
+        root = opts if isinstance(opts, int) else opts.rootRank
+        return self._submit(ops.broadcast(self._current(), _listed(tensors), root))
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
-        return self._submit(ops.reduce(self._current(), tensors, opts, opts.rootRank))
+    def reduce(self, tensors: Any, opts: Any = 0, op: Any = dist.ReduceOp.SUM) -> Work:
+        root, op = (opts, op) if isinstance(opts, int) else (opts.rootRank, opts)
+        return self._submit(ops.reduce(self._current(), _listed(tensors), op, root))
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+    def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Work:
+        if isinstance(inputs, torch.Tensor):                 # the (list of outputs, input) overload
+            outputs, inputs = [outputs], [inputs]
         return self._submit(ops.all_gather(self._current(), outputs, inputs))
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> Work:
-        return self._submit(ops.all_gather(self._current(), outputs, inputs))
+        """outputs[r][i] receives rank r's inputs[i] (torch's all_gather_coalesced layout)."""
+        comm = self._current()
+        if len(outputs) != comm.world or any(len(o) != len(inputs) for o in outputs):
+            raise ValueError(f"all_gather_coalesced: expected {comm.world} output lists (one per rank) of "
+                             f"{len(inputs)} tensors (one per input)")
+        by_input = [[outputs[r][i] for r in range(comm.world)] for i in range(len(inputs))]
+        return self._submit(ops.all_gather(comm, by_input, inputs))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         return self._submit(ops.all_gather_into_tensor(self._current(), [output], [input]))
@@ -348,16 +372,18 @@ class P2PGenProcessGroup(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Work:
+    def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = dist.ReduceOp.SUM) -> Work:
+        if isinstance(outputs, torch.Tensor):                # the (output, list of inputs) overload
+            outputs, inputs = [outputs], [inputs]
         return self._submit(ops.reduce_scatter(self._current(), outputs, inputs, opts))
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Work:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = dist.ReduceOp.SUM) -> Work:
         return self._submit(ops.reduce_scatter_tensor(self._current(), [output], [input], opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any) -> Work:
+                                        opts: Any = dist.ReduceOp.SUM) -> Work:
         return self._submit(ops.reduce_scatter_tensor(self._current(), outputs, inputs, opts))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -371,11 +397,13 @@ class P2PGenProcessGroup(dist.ProcessGroup):
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Work:
         return self._submit(ops.all_to_all(self._current(), outputs, inputs))
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Work:
-        return self._submit(ops.gather(self._current(), outputs, inputs, opts.rootRank))
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: Any, opts: Any = 0) -> Work:
+        root = opts if isinstance(opts, int) else opts.rootRank
+        return self._submit(ops.gather(self._current(), outputs, _listed(inputs), root))
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Work:
-        return self._submit(ops.scatter(self._current(), outputs, inputs, opts.rootRank))
+    def scatter(self, outputs: Any, inputs: list[list[torch.Tensor]], opts: Any = 0) -> Work:
+        root = opts if isinstance(opts, int) else opts.rootRank
+        return self._submit(ops.scatter(self._current(), _listed(outputs), inputs, root))
 
     def barrier(self, opts: Any = None) -> Work:
         return self._submit(ops.barrier(self._current()))
@@ -427,6 +455,11 @@ class P2PGenProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"P2PGenProcessGroup({self.kind}, {self._peek()!r})"
+
+
+def _listed(tensors: Any) -> list[torch.Tensor]:
+    """torch's overloads take a tensor or a list of them."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 def _flatten(value: Any) -> list[torch.Tensor]:
