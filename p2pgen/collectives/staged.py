@@ -99,6 +99,17 @@ class HostStagedBackend:
     def recv(self, buf: Any, src: int) -> Any:
         return self._run(lambda b: self.inner.recv(b, src), buf)
 
+    def post_send(self, buf: Any, dst: int) -> Callable[[], None] | None:
+        """The inner backend's non-blocking send of a host buffer (None for a device buffer, or without one)."""
+        host, stager = self._host(buf)
+        post = getattr(self.inner, "post_send", None)
+        return post(host, dst) if post is not None and stager is None else None
+
+    def recv_any(self, buf: Any) -> int:
+        source: list[int] = []
+        self._run(lambda b: source.append(self.inner.recv_any(b)), buf)
+        return source[0]
+
     def barrier(self) -> None:
         self.inner.barrier()
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -227,28 +227,73 @@ class TcpBackend:
 
     def send(self, buf: Any, dst: int) -> None:
         """Returns once the payload is handed to the kernel; pair it with `recv` on `dst` (blocking, as in MPI)."""
+        with self.session.operation("send"):
+            self.post_send(buf, dst)()
+
+    def post_send(self, buf: Any, dst: int) -> Callable[[], None]:
+        """Queue `buf` for `dst` on the link's sender thread and return at once, with the function that waits
+        until it was handed to the kernel (`buf` must not change until that returned). It takes no operation
+        slot: it may run while another thread is inside a receive of this generation (torch's isend after an
+        irecv), never beside a collective (their frames share the links' order)."""
         flat = Flat(buf, "send buffer")
         self._check_peer(dst, "dst")
-        with self.session.operation("send"):
-            conn = self._link(dst)
-            pipe = _Pipe(None, conn, FrameKind.P2P, self._seq_base | self._p2p_sent[dst], inline=False)
-            self._p2p_sent[dst] += 1
-            for a, b in _segments(0, flat.size, self._seg(flat)):
-                pipe.send(flat.elems[a:b])
-            pipe.flush()
+        error = self.session.error
+        if error is not None:
+            raise error
+        conn = self._link(dst)
+        pipe = _Pipe(None, conn, FrameKind.P2P, self._seq_base | self._p2p_sent[dst], inline=False)
+        self._p2p_sent[dst] += 1
+        for a, b in _segments(0, flat.size, self._seg(flat)):
+            pipe.send(flat.elems[a:b])
+        return pipe.flush
 
     def recv(self, buf: Any, src: int) -> Any:
         flat = Flat(buf, "recv buffer")
         self._check_peer(src, "src")
         with self.session.operation("recv"):
-            conn = self._link(src)
-            pipe = _Pipe(conn, None, FrameKind.P2P, self._seq_base | self._p2p_received[src], inline=False)
-            self._p2p_received[src] += 1
-            work = self._work_for(flat)
-            for a, b in _segments(0, flat.size, self._seg(flat)):
-                pipe.recv(work[a:b])
-            np.copyto(flat.elems, work)
+            self._receive(flat, src)
         return buf
+
+    def recv_any(self, buf: Any) -> int:
+        """Receive the next message any member sends this one (torch's recv without a source); returns the
+        sender's rank. A member whose next frame on its link is that message is chosen, the lowest rank first."""
+        flat = Flat(buf, "recv buffer")
+        if self.world == 1:
+            raise ValueError("recv from any source: this generation has no other member")
+        with self.session.operation("recv"):
+            for peer in range(self.world):          # the links this member dials; the others come to it
+                if self.members[peer] > self.members[self.rank]:
+                    self._link(peer)
+            src = self._wait_for_sender()
+            self._receive(flat, src)
+        return src
+
+    def _wait_for_sender(self) -> int:
+        limit = self.session.config.op_timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        ranks = {session_rank: rank for rank, session_rank in enumerate(self.members)}
+        while deadline is None or time.monotonic() < deadline:
+            for conn in sorted(self.session.open_links(), key=lambda c: c.rank):
+                src = ranks.get(conn.rank)
+                if src is None or src == self.rank:
+                    continue
+                h = conn.peek_header()
+                if h is not None and h.kind == FrameKind.P2P and h.op_seq == self._seq_base | self._p2p_received[src]:
+                    return src
+            error = self.session.error
+            if error is not None:
+                raise error
+            time.sleep(0.001)
+        raise PeerLost(f"no member sent to rank {self.rank} within {limit:g} s (recv from any source)")
+
+    def _receive(self, flat: Flat, src: int) -> None:
+        conn = self._link(src)
+        pipe = _Pipe(conn, None, FrameKind.P2P, self._seq_base | self._p2p_received[src], inline=False)
+        self._p2p_received[src] += 1
+        work = self._work_for(flat)
+        for a, b in _segments(0, flat.size, self._seg(flat)):
+            pipe.recv(work[a:b])
+        np.copyto(flat.elems, work)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def connect(self) -> None:

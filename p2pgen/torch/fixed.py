@@ -146,6 +146,12 @@ class DeviceRouter:
     def recv(self, buf: Any, src: int) -> Any:
         return self._for(buf).recv(buf, src)
 
+    def post_send(self, buf: Any, dst: int) -> Any:
+        return self.host.post_send(buf, dst) if self._for(buf) is self.host else None
+
+    def recv_any(self, buf: Any) -> int:
+        return self.host.recv_any(buf)
+
     def barrier(self) -> None:
         self.host.barrier()
 

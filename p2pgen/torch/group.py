@@ -87,6 +87,13 @@ class StepComm:
     def recv(self, buf: Any, src: int) -> Any:
         return self.backend.recv(buf, src)
 
+    def post_send(self, buf: Any, dst: int) -> Any:
+        post = getattr(self.backend, "post_send", None)
+        return post(buf, dst) if post is not None else None
+
+    def recv_any(self, buf: Any) -> int:
+        return self.backend.recv_any(buf)
+
     def subgroup(self, ranks: Sequence[int]) -> Any:
         return self.backend.subgroup(ranks)
 
@@ -184,29 +191,54 @@ class Work(dist.Work):
 
 
 class _Worker:
-    """The process's one worker thread: runs the operations of every p2pgen group in issue order."""
+    """The process's one worker thread: runs the operations of every p2pgen group in issue order.
+
+    It also counts the queued operations that will still put frames on a link (`posting`: everything but
+    receives and the completions of sends already posted), which tells a send whether it may be posted at
+    once, from the caller's thread (`P2PGenProcessGroup.send`)."""
+
+    QUIET = ("recv", "sent")            # kinds that put no frame on any link
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.posting = 0
         self._thread = threading.Thread(target=self._loop, name="p2pgen-torch", daemon=True)
         self._thread.start()
 
-    def submit(self, run: Callable[[], Any], on_failure: Callable[[BaseException], None]) -> Work:
+    def submit(self, run: Callable[[], Any], on_failure: Callable[[BaseException], None], kind: str = "") -> Work:
         future: Future = Future()
         work = Work(future)
-        self._queue.put((run, future, on_failure))
+        quiet = kind in self.QUIET
+        if not quiet:
+            with self._lock:
+                self.posting += 1
+        self._queue.put((run, future, on_failure, work, quiet))
         return work
 
     def _loop(self) -> None:
         while True:
-            run, future, on_failure = self._queue.get()
+            run, future, on_failure, work, quiet = self._queue.get()
             try:
                 value = run()
             except BaseException as e:    # handed to whoever waits on the future
                 on_failure(e)
                 future.set_exception(e)
             else:
+                if isinstance(value, _FromSource):
+                    work.source, value = value.source, value.tensors
                 future.set_result(value)
+            finally:
+                if not quiet:
+                    with self._lock:
+                        self.posting -= 1
+
+
+class _FromSource:
+    """A receive's result with the rank it came from (recv from any source)."""
+
+    def __init__(self, source: int, tensors: list[torch.Tensor]) -> None:
+        self.source, self.tensors = source, tensors
 
 
 class _Failures:
@@ -311,8 +343,8 @@ class P2PGenProcessGroup(dist.ProcessGroup):
                                "`for step in peer.steps(): with step: ...`")
         return comm
 
-    def _submit(self, run: ops.Run) -> Work:
-        work = worker().submit(run, self._record_failure)
+    def _submit(self, run: ops.Run, kind: str = "") -> Work:
+        work = worker().submit(run, self._record_failure, kind)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -419,13 +451,26 @@ class P2PGenProcessGroup(dist.ProcessGroup):
         self._submit(lambda: (monitored(seconds, wait_all_ranks), [])[1]).wait()
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
-        return self._submit(ops.send(self._current(), tensors, dst))
+        """Posted at once when every operation queued before it only receives (so an isend after an irecv,
+        as in batch_isend_irecv, never waits for that receive); otherwise run in issue order."""
+        comm = self._current()
+        run = ops.send(comm, tensors, dst)
+        post = getattr(comm, "post_send", None)
+        if post is not None and worker().posting == 0:
+            sent = ops.post_send(comm, tensors, dst)
+            if sent is not None:
+                return self._submit(sent, kind="sent")
+        return self._submit(run)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
-        return self._submit(ops.recv(self._current(), tensors, src))
+        return self._submit(ops.recv(self._current(), tensors, src), kind="recv")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
-        raise NotImplementedError("p2pgen receives from a named rank only: pass src= to recv/irecv")
+        comm = self._current()
+        if getattr(comm, "recv_any", None) is None:
+            raise NotImplementedError(f"{type(comm).__name__} receives from a named rank only: pass src=")
+        run = ops.recv_any(comm, tensors)
+        return self._submit(lambda: _FromSource(*run()), kind="recv")
 
     # --- coalescing (torch's _coalescing_manager with a device) ---------------------------------------
 

@@ -405,6 +405,26 @@ def send(comm: Any, tensors: Sequence[torch.Tensor], dst: int) -> Run:
     return lambda: (comm.send(_flat(tensor), dst), [tensor])[1]
 
 
+def post_send(comm: Any, tensors: Sequence[torch.Tensor], dst: int) -> Run | None:
+    """Post the send now (the caller's thread); returns the closure that waits until it left, or None when
+    the communicator cannot post this buffer without a worker (a device buffer to stage)."""
+    (tensor,) = tensors_of(tensors, "send")
+    flush = comm.post_send(_flat(tensor), _peer(dst, comm, "send dst"))
+    return None if flush is None else (lambda: (flush(), [tensor])[1])
+
+
+def recv_any(comm: Any, tensors: Sequence[torch.Tensor]) -> Callable[[], tuple[int, list[torch.Tensor]]]:
+    """Receive from whichever member sends first; the closure returns (source rank, [tensor])."""
+    (tensor,) = tensors_of(tensors, "recv")
+
+    def run() -> tuple[int, list[torch.Tensor]]:
+        got = _scratch_like(tensor)
+        source = comm.recv_any(got)
+        _write([tensor], [got])
+        return source, [tensor]
+    return run
+
+
 def recv(comm: Any, tensors: Sequence[torch.Tensor], src: int) -> Run:
     (tensor,) = tensors_of(tensors, "recv")
     src = _peer(src, comm, "recv src")

@@ -173,6 +173,22 @@ class Connection:
             slot.fill((kind, op_seq, chunk))
             return payload_digest
 
+    def peek_header(self) -> frame.Header | None:
+        """The header of the next frame if all of it has arrived, without consuming it (None: not yet, or the
+        peer closed; the next `recv_into` then tells which). A malformed header closes the connection."""
+        try:
+            raw = self.sock.recv(frame.HEADER_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            raise PeerLost(f"receiving from {self._who()} failed: {e!r}") from e
+        if len(raw) < frame.HEADER_BYTES:
+            return None
+        try:
+            return frame.unpack_header(raw)
+        except ValueError as e:
+            self._fatal("malformed", str(e))
+
     def readable(self, timeout: float) -> bool:
         """Whether bytes (or the peer's close) can be read within `timeout` seconds, without reading them."""
         try:
