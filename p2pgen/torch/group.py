@@ -22,6 +22,7 @@ raises the p2pgen error itself (GenerationChanged / PeerLost); arguments are che
 """
 
 # No `from __future__ import annotations`: DDP checks a comm hook's annotations against the real types.
+import os
 import queue
 import threading
 from datetime import timedelta
@@ -256,6 +257,15 @@ class _Failures:
 failures = _Failures()
 _worker: _Worker | None = None
 _worker_lock = threading.Lock()
+
+
+def _forget_worker() -> None:
+    """A forked child has no worker thread (only its parent's object): it starts its own on first use."""
+    global _worker, _worker_lock
+    _worker, _worker_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_worker)
 
 
 def worker() -> _Worker:

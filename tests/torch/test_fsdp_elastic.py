@@ -39,8 +39,8 @@ def load_example():
 
 
 def run_job(cluster, tmp_path, monkeypatch, app_args: list[str], faults: str = "", hold: str = "",
-            joiner: bool = False) -> dict[str, dict]:
-    markers, summaries = tmp_path / "markers", tmp_path / "summaries"
+            joiner: bool = False, size: int = 3, name: str = "job") -> dict[str, dict]:
+    markers, summaries = tmp_path / f"{name}-markers", tmp_path / f"{name}-summaries"
     markers.mkdir(exist_ok=True)
     summaries.mkdir(exist_ok=True)
     monkeypatch.setenv("FSDP_FAULTS", faults)
@@ -50,15 +50,15 @@ def run_job(cluster, tmp_path, monkeypatch, app_args: list[str], faults: str = "
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     app = [sys.executable, str(EXAMPLE), f"--seed={SEED}", f"--lr={LR}", f"--momentum={MOMENTUM}",
            "--step-delay=0.05", *app_args]
-    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(4)]
-    members = addrs[:3]
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(size + 1)]
+    members = addrs[:size]
     for i, addr in enumerate(members):
         cluster.start(f"p{i}", addr, [a for a in members if a != addr], command=app,
-                      extra=("--min-members=3", "--attach-grace=60"))
+                      extra=(f"--min-members={size}", "--attach-grace=60"))
     if joiner:
         cluster.wait_until(lambda: any(markers.iterdir()), 200, "p1 killing itself before backward")
-        cluster.start("p3", addrs[3], [members[0]], command=app, extra=("--attach-grace=60",))
-    for agent in list(cluster.agents.values()):
+        cluster.start(f"p{size}", addrs[size], [members[0]], command=app, extra=("--attach-grace=60",))
+    for agent in [a for a in cluster.agents.values() if a.alive()]:
         cluster.wait_until(lambda: not agent.alive(), 300, f"{agent.peer_id} finishing")
         assert agent.proc.returncode == 0, cluster.logs()
     return {f["peer"]: f for f in (json.loads(p.read_text()) for p in summaries.glob("*.json"))}
@@ -87,3 +87,18 @@ def test_fsdp2_survives_a_kill_and_a_join_and_equals_the_single_process_referenc
     one_step_short = example.reference(STEPS - 1, SEED, LR, MOMENTUM)
     gap = max((expected[n] - one_step_short[n]).abs().max().item() for n in expected)
     assert gap > 1e6 * TOLERANCE, f"one step changes the parameters by only {gap}: the check is too loose"
+
+
+def test_a_job_restored_from_a_dcp_checkpoint_of_another_ends_where_the_reference_does(cluster, tmp_path, monkeypatch):
+    """Job 1 (three members) saves FSDP2's sharded state with DCP at revision 3 and trains on to 6; job 2 (two
+    members, new agents) starts from that checkpoint at revision 3 and trains to 6: both end at the reference."""
+    steps, checkpoint = 6, str(tmp_path / "checkpoint")
+    first = run_job(cluster, tmp_path, monkeypatch, [f"--steps={steps}", f"--checkpoint={checkpoint}", "--save-at=3"],
+                    name="first")
+    resumed = run_job(cluster, tmp_path, monkeypatch, [f"--steps={steps}", f"--resume={checkpoint}"], size=2,
+                      name="resumed")
+    assert sorted(first) == ["p0", "p1", "p2"] and sorted(resumed) == ["p0", "p1"], cluster.logs()
+    assert all(f["steps_committed"] == 3 for f in resumed.values()), "the resumed job did not start at revision 3"
+    expected = load_example().reference(steps, SEED, LR, MOMENTUM)
+    for f in [*first.values(), *resumed.values()]:
+        assert f["revision"] == steps and max_difference(f, expected) <= TOLERANCE, (f["peer"], max_difference(f, expected))
