@@ -25,3 +25,8 @@ class PeerLost(P2PGenError):
 
 class Evicted(P2PGenError):
     """This incarnation was removed from the job; it must restart as a new incarnation."""
+
+
+class BarrierTimeout(PeerLost, RuntimeError):
+    """A monitored barrier's rank 0 did not see every member arrive in time; the generation is retired. It is a
+    RuntimeError too, as torch's gloo raises one."""

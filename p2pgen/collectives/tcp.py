@@ -38,7 +38,7 @@ import numpy as np
 
 from p2pgen.collectives.backend import REDUCTIONS, ReduceOp, as_op, check_reduction, splits
 from p2pgen.collectives.buffers import Flat, combine, divide
-from p2pgen.errors import PeerLost
+from p2pgen.errors import BarrierTimeout, PeerLost
 from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
 
 
@@ -193,8 +193,8 @@ class TcpBackend:
     def monitored_barrier(self, timeout: float, wait_all_ranks: bool = False) -> None:
         """A barrier whose rank 0 waits at most `timeout` seconds for the others: every rank reports to rank 0,
         which releases them all. If a rank is late, rank 0 retires this generation (so the ranks waiting for
-        its release fail at once with PeerLost) and raises PeerLost naming the late rank (every late rank
-        with `wait_all_ranks`)."""
+        its release fail at once with PeerLost) and raises BarrierTimeout (a PeerLost and a RuntimeError, worded
+        as gloo words it) naming the first late rank (every late rank with `wait_all_ranks`)."""
         with self.session.operation("monitored_barrier"):
             seq = self._next_seq()
             if self.world == 1:
@@ -205,25 +205,30 @@ class TcpBackend:
                 self._link(0).flush()
                 _Pipe(self._link(0), None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
                 return
-            links = self._links(list(range(1, self.world)))
             deadline = time.monotonic() + timeout
-            late = []
+            late: list[int] = []
             for r in range(1, self.world):
                 if late and not wait_all_ranks:
                     break
-                if links[r].readable(deadline - time.monotonic()):
-                    _Pipe(links[r], None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
-                else:
+                try:                                 # a member that is gone is as late as one that never comes
+                    link = self._link(r)
+                    if not link.readable(deadline - time.monotonic()):
+                        late.append(r)
+                        continue
+                    _Pipe(link, None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
+                except PeerLost:
                     late.append(r)
             if late:
-                error = PeerLost(f"rank(s) {late} failed to pass monitored_barrier within {timeout:g} s "
-                                 f"(generation {self.generation} is retired)")
+                ms = int(timeout * 1000)
+                who = f"Rank {late[0]}" if len(late) == 1 else f"Ranks {', '.join(map(str, late))}"
+                error = BarrierTimeout(f"Rank 0 timed out in monitoredBarrier after {ms} ms: {who} failed to pass "
+                                       f"monitoredBarrier in {ms} ms (generation {self.generation} is retired)")
                 self.session.fail(error)
                 raise error
             for r in range(1, self.world):
-                _Pipe(None, links[r], FrameKind.COLLECTIVE, seq, inline=False).send(token)
+                _Pipe(None, self._link(r), FrameKind.COLLECTIVE, seq, inline=False).send(token)
             for r in range(1, self.world):
-                links[r].flush()
+                self._link(r).flush()
 
     def send(self, buf: Any, dst: int) -> None:
         """Returns once the payload is handed to the kernel; pair it with `recv` on `dst` (blocking, as in MPI)."""

@@ -130,8 +130,10 @@ def _in_place(comm_call: Callable[[torch.Tensor], Any], t: torch.Tensor) -> None
 # ---- collectives --------------------------------------------------------------------------------
 def all_reduce(comm: Any, tensors: Sequence[torch.Tensor], op: Any, what: str = "all_reduce") -> Run:
     """Every tensor reduced in place; with several (coalesced), all are written only once all succeeded."""
-    tensors = tensors_of(tensors, what)
     name = reduce_op(op, what)
+    if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].layout == torch.sparse_coo:
+        return _sparse_sum(comm, tensors[0], name, what)
+    tensors = tensors_of(tensors, what)
     bufs = [_reducible(t, name, comm, what) for t in tensors]
     if len(bufs) == 1:
         (buf,) = bufs
@@ -143,6 +145,32 @@ def all_reduce(comm: Any, tensors: Sequence[torch.Tensor], op: Any, what: str = 
             comm.all_reduce(c, name)
         _write(bufs, copies)
         return tensors
+    return run
+
+
+def _sparse_sum(comm: Any, tensor: torch.Tensor, op: ReduceOp, what: str) -> Run:
+    """SUM of sparse COO tensors (as gloo does): every member's indices and values are gathered (uneven sizes:
+    one broadcast per rank), concatenated and coalesced; the tensor takes the result in place."""
+    if op is not ReduceOp.SUM:
+        raise TypeError(f"{what}: a sparse tensor reduces with SUM only, not {op.value}")
+    check_reduction(what, op, dtype_name(tensor), getattr(comm, "reductions", REDUCTIONS))
+
+    def run() -> list[torch.Tensor]:
+        mine = tensor.detach().coalesce()
+        counts = torch.zeros(comm.world, dtype=torch.int64)
+        comm.all_gather(counts, torch.tensor([mine._nnz()], dtype=torch.int64))
+        per_row = mine.values()[0].numel() if mine._nnz() else int(torch.tensor(mine.shape[mine.sparse_dim():]).prod())
+        dims = mine.sparse_dim()
+        indices = _gather_one(comm, [torch.empty(int(c) * dims, dtype=torch.int64) for c in counts],
+                              mine.indices().reshape(-1))
+        values = _gather_one(comm, [torch.empty(int(c) * per_row, dtype=mine.dtype) for c in counts],
+                             mine.values().reshape(-1))
+        total = torch.sparse_coo_tensor(torch.cat([i.view(dims, -1) for i in indices], dim=1),
+                                        torch.cat([v.view(-1, *mine.shape[dims:]) for v in values]),
+                                        mine.shape).coalesce()
+        with torch.no_grad():
+            tensor.copy_(total)
+        return [tensor]
     return run
 
 

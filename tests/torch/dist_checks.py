@@ -311,7 +311,10 @@ def check_bad_arguments_raise_at_the_call(m: Member) -> None:
         (ValueError, "split sizes", lambda: dist.all_to_all_single(torch.ones(m.world), torch.ones(m.world),
                                                                     [1] * m.world, [2] * m.world)),
         (ValueError, "is not a rank", lambda: dist.broadcast(torch.ones(1), src=m.world + 5)),
-        (TypeError, "sparse", lambda: dist.all_reduce(torch.ones(3).to_sparse())),
+        (TypeError, "sparse tensor reduces with SUM only", lambda: dist.all_reduce(torch.ones(3).to_sparse(),
+                                                                                   op=dist.ReduceOp.MAX)),
+        (TypeError, "sparse and quantized tensors are not supported", lambda: dist.broadcast(
+            torch.ones(3).to_sparse(), src=0)),
     ]
     for kind, words, call in cases:
         try:
