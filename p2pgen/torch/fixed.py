@@ -120,7 +120,8 @@ class DeviceRouter:
                 self._store.set("p2pgen/nccl_id", new_comm_id(lib))
             self._store.wait(["p2pgen/nccl_id"], self._timeout)
             self._nccl = NcclBackend(self._store.get("p2pgen/nccl_id").decode(), self.rank, self.world,
-                                     self.generation, nccl=lib, init_timeout=self._timeout.total_seconds())
+                                     self.generation, nccl=lib, cupy_major=nccl_lib.cupy_major(),
+                                     init_timeout=self._timeout.total_seconds())
             self._nccl.connect()
         return self._nccl
 
