@@ -3,7 +3,7 @@ die and join, and ends with the parameters of a single-process float64 run over 
 
 Run it under agents, which restart a killed process as a new incarnation:
 
-    p2pgen join --local 4 --chaos 8 --steps 60 -- python examples/fsdp_spot.py
+    p2pgen join --local 4 --chaos 6 --steps 40 -- python examples/fsdp_spot.py --check-reference
 
 How it stays exact across world changes. FSDP2 needs a fixed world, so each generation gets its own torch
 group (`p2pgen.torch.generation_group()`), mesh and sharding: the model is sharded on the generation's mesh
@@ -23,7 +23,8 @@ and optimizer, as DTensors) over the generation group at the start of step R; `-
 from such a checkpoint: each member loads it, unsharded, into its replicas and starts at revision R.
 
 At the end every peer prints one JSON line (`summary`) and writes it to $P2PGEN_SUMMARY_DIR if set: its
-parameters, digest, the worlds it trained in, the errors that discarded its steps, and the peer's statistics.
+parameters, digest, the worlds it trained in, the errors that discarded its steps, and the peer's statistics
+(with `--check-reference`, also the largest difference from the single-process reference's parameters).
 Test hooks (environment): FSDP_FAULTS="peer:before_backward:REV,..." makes that peer SIGKILL itself once at
 that point (marker files in FSDP_MARKERS); FSDP_HOLD="REV:WORLD" makes the members wait at revision REV,
 committing nothing, until the generation has WORLD members.
@@ -206,6 +207,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="DCP checkpoint directory (with --save-at)")
     parser.add_argument("--save-at", type=int, help="save a DCP checkpoint at the start of this revision")
     parser.add_argument("--resume", help="start from this DCP checkpoint (its revision and state)")
+    parser.add_argument("--check-reference", action="store_true",
+                        help="also run the single-process reference and report the largest parameter difference")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -245,6 +248,10 @@ def main() -> None:
                "params": {k.removeprefix("param."): v.reshape(-1).tolist() for k, v in state.tensors.items()
                           if k.startswith("param.")},
                **peer.stats}
+    if args.check_reference:
+        expected = reference(state.revision, args.seed, args.lr, args.momentum)
+        summary["reference_max_diff"] = max((state.tensors[f"param.{n}"] - w).abs().max().item()
+                                            for n, w in expected.items())
     print("summary " + json.dumps({k: v for k, v in summary.items() if k != "params"}), flush=True)
     if os.environ.get("P2PGEN_SUMMARY_DIR"):
         path = os.path.join(os.environ["P2PGEN_SUMMARY_DIR"], f"{peer.peer_id}-{peer.incarnation}.json")
