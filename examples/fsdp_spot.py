@@ -6,7 +6,7 @@ Run it under agents, which restart a killed process as a new incarnation:
     p2pgen join --local 4 --chaos 6 --steps 40 -- python examples/fsdp_spot.py --check-reference
 
 How it stays exact across world changes. FSDP2 needs a fixed world, so each generation gets its own torch
-group (`p2pgen.torch.generation_group()`), mesh and sharding: the model is sharded on the generation's mesh
+group and mesh (`p2pgen.torch.generation_mesh()`) and sharding: the model is sharded on the generation's mesh
 from the *replicas* every member keeps (full parameters and SGD momentum buffers, in the SharedState, so a
 joiner or a restarted peer pulls them like any p2pgen state), trained for one step (FSDP2's all-gathers and
 its reduce-scatter, a SUM over the members, run in the step's generation), and the step's new parameters and
@@ -44,7 +44,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
@@ -124,9 +123,9 @@ class Sharded:
     """One generation's FSDP2 model and optimizer, built from the replicas on that generation's mesh."""
 
     def __init__(self, state: p2pgen.SharedState, seed: int, lr: float, momentum: float) -> None:
-        self.group = p2pgen.torch.generation_group()
+        mesh = p2pgen.torch.generation_mesh("cpu")     # this generation's group, one mesh dimension
+        self.group = mesh.get_group()
         self.generation = self.group.generation
-        mesh = DeviceMesh.from_group(self.group, "cpu")
         self.model = build_model(seed)
         with torch.no_grad():
             for name, p in self.model.named_parameters():

@@ -18,8 +18,9 @@
   group *follows* the generation: `dist.get_rank()`/`get_world_size()` and every `dist.*` call use the
   generation current when the call is issued. For code that caches the world (DeviceMesh, DTensor, FSDP2,
   functional collectives, torch.distributed.checkpoint), `p2pgen.torch.generation_group()` returns a group
-  *bound* to the current generation: rebuild it (and the mesh, and what is sharded on it) in each new
-  generation; once its generation is retired, its calls raise GenerationChanged.
+  *bound* to the current generation, and `generation_mesh()` a DeviceMesh over it: rebuild them (and what
+  is sharded on them) in each new generation; once its generation is retired, its calls raise
+  GenerationChanged. (Build meshes with `generation_mesh()`: see its docstring for why.)
 - **Fixed membership, no agents**: `dist.init_process_group("p2pgen", init_method=..., rank=..., world_size=...)`
   (any torch rendezvous: env://, tcp://, file://, a store) gives one generation that never changes
   (p2pgen.torch.fixed); a fast CPU backend and what torch's own test suite runs against.
@@ -78,7 +79,7 @@ from p2pgen.torch.ddp import DistributedDataParallel, allreduce_hook, default_gr
 from p2pgen.torch.group import BACKEND, P2PGenProcessGroup, Work, bound_to, following, subgroup_of
 
 __all__ = ["BACKEND", "DistributedDataParallel", "P2PGenProcessGroup", "Work", "allreduce_hook", "default_group",
-           "generation_group", "init_process_group", "monitored_barrier", "unwrap_errors"]
+           "generation_group", "generation_mesh", "init_process_group", "monitored_barrier", "unwrap_errors"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,20 @@ def generation_group() -> P2PGenProcessGroup:
     GenerationChanged: build the next generation's group then (and `dist.destroy_process_group(old)`)."""
     comm = default_group()._current()
     return dist.new_group(backend=BACKEND, pg_options=_Bind(comm.generation))
+
+
+def generation_mesh(device_type: str = "cpu") -> Any:
+    """A 1-D DeviceMesh over `generation_group()`, its dimension named after the generation
+    (`generation<G>`); `mesh.get_group()` is the group (destroy it when the generation is over).
+
+    Why the name: DeviceMesh equality (and so DTensor's caches of sharding decisions, which hold a mesh)
+    compares ranks, layout and dimension names, never the process group. A mesh of generation 5 over ranks
+    0..3 would equal generation 3's over the same ranks, and DTensor would reuse the older mesh, and its
+    retired group, from its caches; distinct names keep every generation's mesh its own."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    group = generation_group()
+    return DeviceMesh.from_group(group, device_type, mesh_dim_names=(f"generation{group.generation}",))
 
 
 def monitored_barrier(group: P2PGenProcessGroup | None = None, timeout: timedelta | None = None,

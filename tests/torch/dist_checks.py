@@ -279,16 +279,15 @@ def check_monitored_barrier(m: Member) -> None:
 
 def check_functional_collectives_device_mesh_and_dtensor(m: Member) -> None:
     import torch.distributed._functional_collectives as funcol
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    group = pt.generation_group()
+    mesh = pt.generation_mesh()
+    group = mesh.get_group()
     assert (group.rank(), group.size(), group.generation) == (m.rank, m.world, 1) and group.group_name
     mine = value(m.rank, (4,), torch.float32)
     assert torch.equal(funcol.all_reduce(mine, "sum", group), sum(value(r, (4,), torch.float32) for r in range(m.world)))
     assert torch.equal(funcol.all_gather_tensor(mine, 0, group),
                        torch.cat([value(r, (4,), torch.float32) for r in range(m.world)]))
-    mesh = DeviceMesh.from_group(group, "cpu")
     full = torch.arange(12.0).reshape(6, 2)
     sharded = distribute_tensor(full, mesh, [Shard(0)])
     assert torch.equal(sharded.full_tensor(), full)
@@ -410,6 +409,18 @@ def check_subgroup_fails_with_its_generation_and_follows_the_next(m: Member) -> 
         assert torch.equal(t, torch.full((100,), 10.0)) and pt.default_group().generation == 4
 
 
+def check_dtensor_on_a_later_generation_mesh_over_the_same_ranks(m: Member) -> None:
+    """Generation 4's mesh has the ranks of generation 1's (whose group was destroyed): DTensor must use the
+    new one. (DeviceMesh equality ignores the process group; generation_mesh names its dimension apart.)"""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = pt.generation_mesh()
+    assert mesh.mesh_dim_names == ("generation4",) and mesh.get_group().generation == 4
+    full = torch.arange(12.0).reshape(6, 2)
+    assert torch.equal(distribute_tensor(full, mesh, [Shard(0)]).full_tensor(), full)
+    dist.destroy_process_group(mesh.get_group())
+
+
 def _expect_error(kind: type | tuple[type, ...], call: Callable[[], Any]) -> None:
     try:
         call()
@@ -439,6 +450,7 @@ CHECKS: list[Callable[[Member], None]] = [
     check_generation_change_mid_collective,
     check_ddp_backward_fails_then_retry_in_next_generation,
     check_subgroup_fails_with_its_generation_and_follows_the_next,
+    check_dtensor_on_a_later_generation_mesh_over_the_same_ranks,
 ]
 
 
