@@ -4,8 +4,10 @@ Run it under agents, which restart a killed process as a new incarnation:
 
     p2pgen join --local 3 --chaos 2 --steps 200 -- python examples/ddp_elastic.py
 
-p2pgen is the torch.distributed backend (`p2pgen.torch.init_process_group(peer)`), and
-`p2pgen.torch.DistributedDataParallel` all-reduces the gradient buckets in the current generation.
+p2pgen is the torch.distributed backend, set up with torch's own idiom: after `p2pgen.join(...)`,
+`dist.init_process_group("p2pgen")` needs no other argument (the agent's environment says everything), and
+`dist.get_rank()`/`get_world_size()` follow the generation. `p2pgen.torch.DistributedDataParallel` all-reduces
+the gradient buckets in the current generation; the training loop is wrapped in `peer.steps()`.
 Each step runs inside `with step, p2pgen.torch.unwrap_errors():`: a peer dying in the middle of the
 bucket all-reduce makes backward raise, the step is discarded (the optimizer did not run) and the loop
 retries it in the next generation. A joiner (or a restarted peer) pulls the parameters and the
@@ -121,7 +123,7 @@ def main() -> None:
     optimizer = build_optimizer(module, args.lr, args.momentum)
     state = shared_state(module, optimizer, args.seed)
     peer = p2pgen.join(state=state)
-    p2pgen.torch.init_process_group(peer)
+    dist.init_process_group("p2pgen")
     model = p2pgen.torch.DistributedDataParallel(module)
     worlds: set[int] = set()
     for step in peer.steps():

@@ -8,13 +8,14 @@ catch-up); `peer` (the step loop inside the application). The public API is re-e
 from p2pgen.collectives import Backend, ReduceOp, TcpBackend
 from p2pgen.core import Certificate, Frontier, GenerationMachine, Member
 from p2pgen.errors import (
-    AgentLost, AuthenticationError, Evicted, GenerationChanged, P2PGenError, PeerLost, ProtocolError,
+    AgentLost, AuthenticationError, BarrierTimeout, Evicted, GenerationChanged, P2PGenError, PeerLost,
+    ProtocolError,
 )
 from p2pgen.peer import Peer, Step, join
 from p2pgen.state import SharedState
 
 __all__ = [
-    "AgentLost", "AuthenticationError", "Backend", "Certificate", "Evicted", "Frontier", "GenerationChanged",
-    "GenerationMachine", "Member", "P2PGenError", "Peer", "PeerLost", "ProtocolError", "ReduceOp", "SharedState",
+    "AgentLost", "AuthenticationError", "Backend", "BarrierTimeout", "Certificate", "Evicted", "Frontier",
+    "GenerationChanged", "GenerationMachine", "Member", "P2PGenError", "Peer", "PeerLost", "ProtocolError", "ReduceOp", "SharedState",
     "Step", "TcpBackend", "join",
 ]

@@ -30,3 +30,8 @@ class Evicted(P2PGenError):
 class AgentLost(P2PGenError):
     """This process lost its local agent (it died or stopped answering): it can no longer know its generation
     and must exit; a live agent restarts it as a new incarnation."""
+
+
+class BarrierTimeout(PeerLost, RuntimeError):
+    """A monitored barrier's rank 0 did not see every member arrive in time; the generation is retired. It is a
+    RuntimeError too, as torch's gloo raises one."""

@@ -113,6 +113,14 @@ class Step:
     def barrier(self) -> None:
         self._run("barrier")
 
+    def all_to_all(self, output: Any, input: Any, output_splits: Any = None, input_splits: Any = None) -> Any:
+        return self._run("all_to_all", output, input, output_splits, input_splits)
+
+    def collective(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Any collective of this generation's backend by name (e.g. tcp's `monitored_barrier`), through the
+        step like the ones above: the step's first collective also agrees on the step boundary."""
+        return self._run(name, *args, **kwargs)
+
     def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self.committed:
             raise RuntimeError(f"{name} after commit(): a committed step runs no more collectives")
@@ -197,6 +205,8 @@ class Peer:
         self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
         self._watcher.start()
         self.stats = {"generations": 0, "steps_committed": 0, "steps_discarded": 0, "seconds_between": 0.0}
+        global _current
+        _current = self
 
     # --- the step loop -------------------------------------------------------------------------------
 
@@ -287,6 +297,9 @@ class Peer:
             log.info("channel to %s not yet moved to generation %d: %s", remote.peer_id, generation, e)
 
     def close(self) -> None:
+        global _current
+        if _current is self:
+            _current = None
         self._closed.set()
         if self.backend is not None:
             self.backend.abort("peer closed")
@@ -543,6 +556,15 @@ class Peer:
         pending = self._view["state"]["pending"]
         return bool(pending) and pending["generation"] == generation and any(
             (m["peer_id"], m["incarnation"]) == (peer_id, incarnation) for m in pending["members"])
+
+
+_current: Peer | None = None
+
+
+def current_peer() -> Peer | None:
+    """The Peer this process joined with and has not closed (p2pgen.torch's `init_process_group("p2pgen")`
+    with no other argument runs on it), or None."""
+    return _current
 
 
 def join(job: str | None = None, state: SharedState | None = None, *, trace: str | None = None) -> Peer:

@@ -15,6 +15,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_recovery(sub)
     _add_channel(sub)
     _add_survive(sub)
+    _add_torch_suite(sub)
 
 
 def _add_allreduce(sub: argparse._SubParsersAction) -> None:
@@ -140,3 +141,28 @@ def _run_survive(args: argparse.Namespace) -> int:
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
     sections = tuple(s for s in survive.SECTIONS if not args.only or s in args.only)
     return survive.main(plan, sections, args.json, args.out)
+
+
+def _add_torch_suite(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("torch-suite", help="torch's own distributed_test.py against gloo and p2pgen, side by side")
+    p.add_argument("names", nargs="*", help="tests to run (default: every test of the suite)")
+    p.add_argument("--backends", default="gloo,p2pgen", help="comma-separated backends (default gloo,p2pgen)")
+    p.add_argument("--world", type=int, default=2, help="processes per test (default 2)")
+    p.add_argument("--timeout", type=int, default=120, help="seconds per test before it fails (default 120)")
+    p.add_argument("--progress", action="store_true", help="one line per test on stderr")
+    p.add_argument("--json", action="store_true", help="print every backend's per-test results as JSON")
+    p.set_defaults(func=_run_torch_suite)
+
+
+def _run_torch_suite(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pgen.bench import torch_suite
+
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = [b for b in backends if b not in ("gloo", "p2pgen")]
+    if unknown or args.world < 2:
+        raise SystemExit("p2pgen bench torch-suite: --backends takes gloo and/or p2pgen, --world at least 2")
+    results = {b: torch_suite.run_backend(b, args.world, args.names, args.timeout, args.progress) for b in backends}
+    print(json.dumps(results, indent=1) if args.json else torch_suite.format_table(results, args.world))
+    return 0

@@ -32,6 +32,10 @@ raises may then have written part of its output. An input that overlaps its outp
 in-place layout (all_gather: input = output slot `rank`; reduce_scatter: output = input slot `rank`) is
 undefined in NCCL, so such a call is always staged, whatever `stage_outputs` says.
 
+all_to_all (and so gather and scatter) is one NCCL group of sends and receives (`groupStart`/`groupEnd`):
+each member sends its segment j to rank j and receives segment i from rank i; its own segment is a device
+copy. Data movement takes any dtype (dtypes NCCL lacks move as bytes); reductions take `nccl_buffers.REDUCTIONS`.
+
 Thread safety: NCCL calls on the communicator are serialised by a lock; abort() takes that lock for at most
 `abort_lock_timeout` and then aborts anyway, since ncclCommAbort is how a blocked NCCL call is released.
 """
@@ -41,10 +45,10 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from p2pgen.collectives.backend import ReduceOp
-from p2pgen.collectives.nccl_buffers import DevBuf, nccl_dtype, nccl_op
+from p2pgen.collectives.backend import ReduceOp, as_op, splits
+from p2pgen.collectives.nccl_buffers import DTYPES, ITEMSIZE, REDUCTIONS, DevBuf, nccl_dtype, nccl_op, wire
 from p2pgen.collectives.nccl_id import decode, encode, to_cupy
 from p2pgen.errors import GenerationChanged, PeerLost
 
@@ -106,6 +110,8 @@ def new_comm_id(nccl: Any) -> str:
 
 class NcclBackend:
     """Collectives of one generation on one NCCL communicator. Construct cheaply; connect() initialises."""
+
+    reductions = REDUCTIONS          # the (op, dtype) pairs it reduces (NCCL has no bitwise ops)
 
     def __init__(self, comm_id: str, rank: int, world: int, generation: int, *, nccl: Any = None,
                  device: Any = None, device_index: int | None = None, cupy_major: int | None = None,
@@ -255,14 +261,16 @@ class NcclBackend:
     # ---- collectives ---------------------------------------------------------------------------
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         b = self._dev.describe(buf, "all_reduce buffer")
-        dtype, code = nccl_dtype(self._nccl, b), nccl_op(self._nccl, _op(op), b, self.version)
+        code = nccl_op(self._nccl, as_op(op), b, self.version, "all_reduce")
+        dtype = nccl_dtype(self._nccl, b, "all_reduce")
         self._collective(b, lambda c, out, s: c.allReduce(b.ptr, out, b.count, dtype, code, s))
         return buf
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         out, inp = self._dev.describe(output, "reduce_scatter output"), self._dev.describe(input, "reduce_scatter input")
         self._check_pair(out, inp, "reduce_scatter")
-        dtype, code = nccl_dtype(self._nccl, inp), nccl_op(self._nccl, _op(op), inp, self.version)
+        code = nccl_op(self._nccl, as_op(op), inp, self.version, "reduce_scatter")
+        dtype = nccl_dtype(self._nccl, inp, "reduce_scatter")
         self._collective(out, lambda c, o, s: c.reduceScatter(inp.ptr, o, out.count, dtype, code, s),
                          force_stage=_undefined_alias(inp, out, out.ptr == inp.ptr + self.rank * out.nbytes))
         return output
@@ -270,18 +278,52 @@ class NcclBackend:
     def all_gather(self, output: Any, input: Any) -> Any:
         out, inp = self._dev.describe(output, "all_gather output"), self._dev.describe(input, "all_gather input")
         self._check_pair(inp, out, "all_gather")
-        dtype = nccl_dtype(self._nccl, inp)
-        self._collective(out, lambda c, o, s: c.allGather(inp.ptr, o, inp.count, dtype, s),
+        dtype, count = wire(self._nccl, inp)
+        self._collective(out, lambda c, o, s: c.allGather(inp.ptr, o, count, dtype, s),
                          force_stage=_undefined_alias(inp, out, inp.ptr == out.ptr + self.rank * inp.nbytes))
         return output
 
     def broadcast(self, buf: Any, root: int) -> Any:
         b = self._dev.describe(buf, "broadcast buffer")
         self._check_rank(root, "root")
-        dtype = nccl_dtype(self._nccl, b)
-        self._collective(b, lambda c, o, s: c.broadcast(b.ptr, o, b.count, dtype, root, s),
+        dtype, count = wire(self._nccl, b)
+        self._collective(b, lambda c, o, s: c.broadcast(b.ptr, o, count, dtype, root, s),
                          write_back=root != self.rank)
         return buf
+
+    def all_to_all(self, output: Any, input: Any, output_splits: Sequence[int] | None = None,
+                   input_splits: Sequence[int] | None = None) -> Any:
+        """Rank r's input segment j goes to rank j's output segment r (see tcp's all_to_all); one NCCL group."""
+        out, inp = self._dev.describe(output, "all_to_all output"), self._dev.describe(input, "all_to_all input")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"all_to_all: dtypes differ ({inp.dtype} vs {out.dtype})")
+        sends = splits(input_splits, inp.count, self.world, "all_to_all input")
+        gets = splits(output_splits, out.count, self.world, "all_to_all output")
+        if sends[self.rank] != gets[self.rank]:
+            raise ValueError(f"all_to_all: rank {self.rank} sends itself {sends[self.rank]} elements but expects "
+                             f"{gets[self.rank]}")
+        dtype, _ = wire(self._nccl, inp)
+        item = ITEMSIZE[inp.dtype]
+        per = 1 if inp.dtype in DTYPES else item          # wire units per element (bytes for dtypes NCCL lacks)
+        at_in, at_out = _starts(sends), _starts(gets)
+        stream = self._dev.stream_for(out)                 # the stream _collective launches on
+
+        def launch(c: Any, o: int, s: int) -> None:
+            mine = sends[self.rank] * item
+            if mine:
+                self._dev.copy(o + at_out[self.rank] * item, inp.ptr + at_in[self.rank] * item, mine, stream)
+            self._nccl.groupStart()
+            try:
+                for peer in range(self.world):
+                    if peer != self.rank and sends[peer]:
+                        c.send(inp.ptr + at_in[peer] * item, sends[peer] * per, dtype, peer, s)
+                    if peer != self.rank and gets[peer]:
+                        c.recv(o + at_out[peer] * item, gets[peer] * per, dtype, peer, s)
+            finally:
+                self._nccl.groupEnd()
+
+        self._collective(out, launch, force_stage=inp.overlaps(out))
+        return output
 
     def barrier(self) -> None:
         """Returns once every member has entered the barrier (a one-element all_reduce on a private buffer)."""
@@ -294,14 +336,14 @@ class NcclBackend:
         """Returns once NCCL completed the send (pair it with `recv` on `dst`)."""
         b = self._dev.describe(buf, "send buffer")
         self._check_peer(dst, "dst")
-        dtype = nccl_dtype(self._nccl, b)
-        self._launch_and_wait(self._dev.stream_for(b), lambda c, s: c.send(b.ptr, b.count, dtype, dst, s), p2p=True)
+        dtype, count = wire(self._nccl, b)
+        self._launch_and_wait(self._dev.stream_for(b), lambda c, s: c.send(b.ptr, count, dtype, dst, s), p2p=True)
 
     def recv(self, buf: Any, src: int) -> Any:
         b = self._dev.describe(buf, "recv buffer")
         self._check_peer(src, "src")
-        dtype = nccl_dtype(self._nccl, b)
-        self._collective(b, lambda c, o, s: c.recv(o, b.count, dtype, src, s), p2p=True)
+        dtype, count = wire(self._nccl, b)
+        self._collective(b, lambda c, o, s: c.recv(o, count, dtype, src, s), p2p=True)
         return buf
 
     # ---- launching and waiting -----------------------------------------------------------------
@@ -399,11 +441,12 @@ class NcclBackend:
             raise ValueError(f"{what}={rank} is this member itself: send/recv need another rank")
 
 
-def _op(op: ReduceOp | str) -> ReduceOp:
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        raise ValueError(f"unknown reduce op {op!r}; use one of {[o.value for o in ReduceOp]}") from None
+def _starts(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
 
 
 def _undefined_alias(inp: DevBuf, out: DevBuf, nccl_in_place: bool) -> bool:

@@ -62,12 +62,13 @@ class HostStagedBackend:
         return self.inner.op_seq
 
     @property
+    def reductions(self) -> Any:
+        return self.inner.reductions
+
+    @property
     def failed(self) -> str | None:
-        """Why the inner backend is unusable, or None (tcp: the error its session was retired with)."""
-        error = getattr(self.inner, "failed", None)
-        if error is None and hasattr(self.inner, "session"):
-            error = self.inner.session._error
-        return None if error is None else str(error)
+        """Why the inner backend is unusable, or None."""
+        return self.inner.failed
 
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         return self._run(lambda b: self.inner.all_reduce(b, op), buf)
@@ -81,14 +82,42 @@ class HostStagedBackend:
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         return self._run(lambda o, i: self.inner.reduce_scatter(o, i, op), output, input)
 
+    def all_to_all(self, output: Any, input: Any, output_splits: Sequence[int] | None = None,
+                   input_splits: Sequence[int] | None = None) -> Any:
+        return self._run(lambda o, i: self.inner.all_to_all(o, i, output_splits, input_splits), output, input)
+
+    def subgroup(self, ranks: Sequence[int]) -> "HostStagedBackend":
+        """The inner backend's subgroup of `ranks`, staged the same way (the inner backend must have one)."""
+        make = getattr(self.inner, "subgroup", None)
+        if make is None:
+            raise NotImplementedError(f"{type(self.inner).__name__} has no subgroups")
+        return HostStagedBackend(make(ranks), self._stagers)
+
     def send(self, buf: Any, dst: int) -> None:
         self.inner.send(self._host(buf)[0], dst)
 
     def recv(self, buf: Any, src: int) -> Any:
         return self._run(lambda b: self.inner.recv(b, src), buf)
 
+    def post_send(self, buf: Any, dst: int) -> Callable[[], None] | None:
+        """The inner backend's non-blocking send of a host buffer (None for a device buffer, or without one)."""
+        host, stager = self._host(buf)
+        post = getattr(self.inner, "post_send", None)
+        return post(host, dst) if post is not None and stager is None else None
+
+    def recv_any(self, buf: Any) -> int:
+        source: list[int] = []
+        self._run(lambda b: source.append(self.inner.recv_any(b)), buf)
+        return source[0]
+
     def barrier(self) -> None:
         self.inner.barrier()
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool = False) -> None:
+        make = getattr(self.inner, "monitored_barrier", None)
+        if make is None:
+            raise NotImplementedError(f"{type(self.inner).__name__} has no monitored barrier")
+        make(timeout, wait_all_ranks)
 
     def connect(self) -> None:
         self.inner.connect()

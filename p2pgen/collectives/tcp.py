@@ -22,40 +22,74 @@ Invariants:
   partly reduced**: opt in only where a failed step's buffers are discarded (recomputed or reloaded).
   Every other collective keeps the guarantee either way.
 - Every collective (send/recv aside) advances `op_seq` by one on every member; frames are stamped with it.
+- A subgroup (`subgroup(ranks)`: torch's `new_group`) is a TcpBackend over some members of the same
+  generation: it shares the parent's session (so a generation change or abort fails it the same way, and one
+  operation runs at a time across the parent and its subgroups), runs its rings over its members' links, and
+  stamps its frames with its own sequence numbers tagged by its member list in the high bits of `op_seq`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+import zlib
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from p2pgen.collectives.backend import ReduceOp
+from p2pgen.collectives.backend import REDUCTIONS, ReduceOp, as_op, check_reduction, splits
 from p2pgen.collectives.buffers import Flat, combine, divide
+from p2pgen.errors import BarrierTimeout, PeerLost
 from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
 
 
 class TcpBackend:
     """Collectives of one generation. Cheap to construct: connections are made on first use."""
 
+    reductions = REDUCTIONS          # the (op, dtype) pairs it reduces
+
     def __init__(self, transport: Transport, group: Group, *, in_place_all_reduce: bool = False) -> None:
         self.in_place_all_reduce = in_place_all_reduce
         self.session = transport.open_session(group)
         self.group = group
-        self.rank = group.rank
-        self.world = group.world
         self.generation = group.generation
         self._chunk_bytes = transport.config.chunk_bytes
         buf = transport.config.socket_buffer_bytes
         self._inline_bytes = min(256 << 10, buf // 4) if buf else 64 << 10
+        self._scratch = np.empty(self._chunk_bytes, np.uint8)
+        self._join(tuple(range(group.world)), group.rank, seq_tag=0)
+
+    def _join(self, members: tuple[int, ...], rank: int, seq_tag: int) -> None:
+        """Become the communicator of `members` (session ranks, in order), as member `rank` of them."""
+        self.members, self.rank, self.world = members, rank, len(members)
+        self._seq_base = seq_tag << 40
         self._op_seq = 0
         self._p2p_sent = [0] * self.world
         self._p2p_received = [0] * self.world
         self._work = np.empty(0, np.uint8)
-        self._scratch = np.empty(self._chunk_bytes, np.uint8)
+
+    def subgroup(self, ranks: Sequence[int]) -> "TcpBackend":
+        """The communicator of members `ranks` (ranks of this backend, ascending) of this generation; this
+        member must be one of them. Every member of the subgroup must create it with the same ranks."""
+        ranks = tuple(int(r) for r in ranks)
+        if not ranks or list(ranks) != sorted(set(ranks)) or not 0 <= ranks[0] <= ranks[-1] < self.world:
+            raise ValueError(f"subgroup ranks {list(ranks)} must be distinct, ascending ranks of generation "
+                             f"{self.generation} (0..{self.world - 1})")
+        if self.rank not in ranks:
+            raise ValueError(f"rank {self.rank} is not in subgroup {list(ranks)}: only members create it")
+        sub = object.__new__(TcpBackend)
+        sub.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_work")})
+        members = tuple(self.members[r] for r in ranks)
+        sub._join(members, ranks.index(self.rank), seq_tag=1 + zlib.crc32(repr(members).encode()) % 0xFFFF)
+        return sub
 
     def __repr__(self) -> str:
         return f"TcpBackend(generation={self.generation}, rank={self.rank}, world={self.world})"
+
+    @property
+    def failed(self) -> str | None:
+        """Why this generation's session is unusable (aborted or failed), or None."""
+        error = self.session.error
+        return None if error is None else str(error)
 
     @property
     def op_seq(self) -> int:
@@ -64,8 +98,8 @@ class TcpBackend:
 
     # ---- collectives ---------------------------------------------------------------------------
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
-        op, flat = _op(op), Flat(buf, "all_reduce buffer")
-        _check_op(op, flat)
+        op, flat = as_op(op), Flat(buf, "all_reduce buffer")
+        check_reduction("all_reduce", op, flat.dtype_name)
         with self.session.operation("all_reduce"):
             seq = self._next_seq()
             if self.world > 1 and flat.size:
@@ -82,8 +116,8 @@ class TcpBackend:
         return buf
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
-        op, out, inp = _op(op), Flat(output, "reduce_scatter output"), Flat(input, "reduce_scatter input")
-        _check_op(op, inp)
+        op, out, inp = as_op(op), Flat(output, "reduce_scatter output"), Flat(input, "reduce_scatter input")
+        check_reduction("reduce_scatter", op, inp.dtype_name)
         self._check_pair(out, inp, "reduce_scatter")
         with self.session.operation("reduce_scatter"):
             seq = self._next_seq()
@@ -128,34 +162,143 @@ class TcpBackend:
                 self._broadcast(seq, flat, root)
         return buf
 
+    def all_to_all(self, output: Any, input: Any, output_splits: Sequence[int] | None = None,
+                   input_splits: Sequence[int] | None = None) -> Any:
+        """Rank r sends its input's segment j (`input_splits[j]` elements, in order) to rank j, which writes
+        it as its output's segment r (`output_splits[r]` elements). No splits: equal segments. Gather and
+        scatter are all_to_all with every segment but the root's empty."""
+        out, inp = Flat(output, "all_to_all output"), Flat(input, "all_to_all input")
+        if not out.same_kind(inp):
+            raise TypeError(f"all_to_all: dtypes differ ({inp.dtype_name} vs {out.dtype_name})")
+        sends = splits(input_splits, inp.size, self.world, "all_to_all input")
+        gets = splits(output_splits, out.size, self.world, "all_to_all output")
+        if sends[self.rank] != gets[self.rank]:
+            raise ValueError(f"all_to_all: rank {self.rank} sends itself {sends[self.rank]} elements but expects "
+                             f"{gets[self.rank]}")
+        with self.session.operation("all_to_all"):
+            seq = self._next_seq()
+            starts_in, starts_out = _starts(sends), _starts(gets)
+            work = self._work_for(out)
+            if self.world > 1:
+                self._exchange(seq, inp, work, sends, gets, starts_in, starts_out)
+            mine = slice(starts_in[self.rank], starts_in[self.rank] + sends[self.rank])
+            np.copyto(work[starts_out[self.rank]:starts_out[self.rank] + gets[self.rank]], inp.elems[mine])
+            np.copyto(out.elems, work)      # every input byte was read (sent, flushed, or copied) first
+        return output
+
     def barrier(self) -> None:
         """Returns once every member has entered the barrier."""
         self.all_reduce(np.zeros(1, np.int32))
 
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool = False) -> None:
+        """A barrier whose rank 0 waits at most `timeout` seconds for the others: every rank reports to rank 0,
+        which releases them all. If a rank is late, rank 0 retires this generation (so the ranks waiting for
+        its release fail at once with PeerLost) and raises BarrierTimeout (a PeerLost and a RuntimeError, worded
+        as gloo words it) naming the first late rank (every late rank with `wait_all_ranks`)."""
+        with self.session.operation("monitored_barrier"):
+            seq = self._next_seq()
+            if self.world == 1:
+                return
+            token = np.zeros(1, np.uint8)
+            if self.rank:
+                _Pipe(None, self._link(0), FrameKind.COLLECTIVE, seq, inline=False).send(token)
+                self._link(0).flush()
+                _Pipe(self._link(0), None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
+                return
+            deadline = time.monotonic() + timeout
+            late: list[int] = []
+            for r in range(1, self.world):
+                if late and not wait_all_ranks:
+                    break
+                try:                                 # a member that is gone is as late as one that never comes
+                    link = self._link(r)
+                    if not link.readable(deadline - time.monotonic()):
+                        late.append(r)
+                        continue
+                    _Pipe(link, None, FrameKind.COLLECTIVE, seq, inline=False).recv(token)
+                except PeerLost:
+                    late.append(r)
+            if late:
+                ms = int(timeout * 1000)
+                who = f"Rank {late[0]}" if len(late) == 1 else f"Ranks {', '.join(map(str, late))}"
+                error = BarrierTimeout(f"Rank 0 timed out in monitoredBarrier after {ms} ms: {who} failed to pass "
+                                       f"monitoredBarrier in {ms} ms (generation {self.generation} is retired)")
+                self.session.fail(error)
+                raise error
+            for r in range(1, self.world):
+                _Pipe(None, self._link(r), FrameKind.COLLECTIVE, seq, inline=False).send(token)
+            for r in range(1, self.world):
+                self._link(r).flush()
+
     def send(self, buf: Any, dst: int) -> None:
         """Returns once the payload is handed to the kernel; pair it with `recv` on `dst` (blocking, as in MPI)."""
+        with self.session.operation("send"):
+            self.post_send(buf, dst)()
+
+    def post_send(self, buf: Any, dst: int) -> Callable[[], None]:
+        """Queue `buf` for `dst` on the link's sender thread and return at once, with the function that waits
+        until it was handed to the kernel (`buf` must not change until that returned). It takes no operation
+        slot: it may run while another thread is inside a receive of this generation (torch's isend after an
+        irecv), never beside a collective (their frames share the links' order)."""
         flat = Flat(buf, "send buffer")
         self._check_peer(dst, "dst")
-        with self.session.operation("send"):
-            conn = self.session.link(dst)
-            pipe = _Pipe(None, conn, FrameKind.P2P, self._p2p_sent[dst], inline=False)
-            self._p2p_sent[dst] += 1
-            for a, b in _segments(0, flat.size, self._seg(flat)):
-                pipe.send(flat.elems[a:b])
-            pipe.flush()
+        error = self.session.error
+        if error is not None:
+            raise error
+        conn = self._link(dst)
+        pipe = _Pipe(None, conn, FrameKind.P2P, self._seq_base | self._p2p_sent[dst], inline=False)
+        self._p2p_sent[dst] += 1
+        for a, b in _segments(0, flat.size, self._seg(flat)):
+            pipe.send(flat.elems[a:b])
+        return pipe.flush
 
     def recv(self, buf: Any, src: int) -> Any:
         flat = Flat(buf, "recv buffer")
         self._check_peer(src, "src")
         with self.session.operation("recv"):
-            conn = self.session.link(src)
-            pipe = _Pipe(conn, None, FrameKind.P2P, self._p2p_received[src], inline=False)
-            self._p2p_received[src] += 1
-            work = self._work_for(flat)
-            for a, b in _segments(0, flat.size, self._seg(flat)):
-                pipe.recv(work[a:b])
-            np.copyto(flat.elems, work)
+            self._receive(flat, src)
         return buf
+
+    def recv_any(self, buf: Any) -> int:
+        """Receive the next message any member sends this one (torch's recv without a source); returns the
+        sender's rank. A member whose next frame on its link is that message is chosen, the lowest rank first."""
+        flat = Flat(buf, "recv buffer")
+        if self.world == 1:
+            raise ValueError("recv from any source: this generation has no other member")
+        with self.session.operation("recv"):
+            for peer in range(self.world):          # the links this member dials; the others come to it
+                if self.members[peer] > self.members[self.rank]:
+                    self._link(peer)
+            src = self._wait_for_sender()
+            self._receive(flat, src)
+        return src
+
+    def _wait_for_sender(self) -> int:
+        limit = self.session.config.op_timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        ranks = {session_rank: rank for rank, session_rank in enumerate(self.members)}
+        while deadline is None or time.monotonic() < deadline:
+            for conn in sorted(self.session.open_links(), key=lambda c: c.rank):
+                src = ranks.get(conn.rank)
+                if src is None or src == self.rank:
+                    continue
+                h = conn.peek_header()
+                if h is not None and h.kind == FrameKind.P2P and h.op_seq == self._seq_base | self._p2p_received[src]:
+                    return src
+            error = self.session.error
+            if error is not None:
+                raise error
+            time.sleep(0.001)
+        raise PeerLost(f"no member sent to rank {self.rank} within {limit:g} s (recv from any source)")
+
+    def _receive(self, flat: Flat, src: int) -> None:
+        conn = self._link(src)
+        pipe = _Pipe(conn, None, FrameKind.P2P, self._seq_base | self._p2p_received[src], inline=False)
+        self._p2p_received[src] += 1
+        work = self._work_for(flat)
+        for a, b in _segments(0, flat.size, self._seg(flat)):
+            pipe.recv(work[a:b])
+        np.copyto(flat.elems, work)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def connect(self) -> None:
@@ -202,8 +345,8 @@ class TcpBackend:
     def _broadcast(self, seq: int, flat: Flat, root: int) -> None:
         n, r = self.world, self.rank
         pos = (r - root) % n
-        prev = self.session.link((r - 1) % n) if pos else None
-        nxt = self.session.link((r + 1) % n) if pos < n - 1 else None
+        prev = self._link((r - 1) % n) if pos else None
+        nxt = self._link((r + 1) % n) if pos < n - 1 else None
         pipe = _Pipe(prev, nxt, FrameKind.COLLECTIVE, seq, inline=flat.raw.nbytes <= self._inline_bytes)
         segs = _segments(0, flat.size, self._seg(flat))
         if pos == 0:
@@ -219,19 +362,49 @@ class TcpBackend:
         pipe.flush()
         np.copyto(flat.elems, work)
 
+    def _exchange(self, seq: int, inp: Flat, work: np.ndarray, sends: list[int], gets: list[int],
+                  starts_in: list[int], starts_out: list[int]) -> None:
+        """all_to_all's traffic: queue every outgoing segment, receive every incoming one, flush."""
+        n, r, seg = self.world, self.rank, self._seg(inp)
+        links = self._links([p for p in range(n) if p != r])
+        outgoing = []
+        for k in range(1, n):
+            dst = (r + k) % n
+            pipe = _Pipe(None, links[dst], FrameKind.COLLECTIVE, seq, inline=False)
+            for a, b in _segments(starts_in[dst], starts_in[dst] + sends[dst], seg):
+                pipe.send(inp.elems[a:b])
+            outgoing.append(pipe)
+        for k in range(1, n):
+            src = (r - k) % n
+            pipe = _Pipe(links[src], None, FrameKind.COLLECTIVE, seq, inline=False)
+            for a, b in _segments(starts_out[src], starts_out[src] + gets[src], seg):
+                pipe.recv(work[a:b])
+        for pipe in outgoing:
+            pipe.flush()
+
     # ---- helpers -------------------------------------------------------------------------------
+    def _link(self, rank: int) -> Connection:
+        return self.session.link(self.members[rank])
+
+    def _links(self, ranks: list[int]) -> dict[int, Connection]:
+        """Connections to `ranks`: the ones this member dials (higher session ranks) first, then the ones it
+        waits for, so that no two members wait for each other."""
+        me = self.members[self.rank]
+        for peer in sorted(ranks, key=lambda p: (self.members[p] < me, self.members[p])):
+            self._link(peer)
+        return {peer: self._link(peer) for peer in ranks}
+
     def _ring_links(self) -> tuple[Connection, Connection]:
         prev, nxt = (self.rank - 1) % self.world, (self.rank + 1) % self.world
-        for peer in sorted({prev, nxt}, key=lambda p: p < self.rank):   # dial first, then wait
-            self.session.link(peer)
-        return self.session.link(prev), self.session.link(nxt)
+        links = self._links(sorted({prev, nxt}))
+        return links[prev], links[nxt]
 
     def _ring_pipe(self, seq: int, nbytes: int) -> "_Pipe":
         prev, nxt = self._ring_links()
         return _Pipe(prev, nxt, FrameKind.COLLECTIVE, seq, inline=nbytes <= self._inline_bytes)
 
     def _next_seq(self) -> int:
-        seq = self._op_seq
+        seq = self._seq_base | self._op_seq
         self._op_seq += 1
         return seq
 
@@ -292,16 +465,12 @@ class _Pipe:
             self.dst.flush()
 
 
-def _op(op: ReduceOp | str) -> ReduceOp:
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        raise ValueError(f"unknown reduce op {op!r}; use one of {[o.value for o in ReduceOp]}") from None
-
-
-def _check_op(op: ReduceOp, flat: Flat) -> None:
-    if op is ReduceOp.AVG and flat.is_integer:
-        raise TypeError(f"avg of {flat.dtype_name} is not defined: use sum and divide as you need")
+def _starts(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:

@@ -1,12 +1,15 @@
 """A fake `cupy.cuda.nccl` and CUDA device on host memory: the test double of the nccl backend.
 
-`FakeNccl` has the surface the backend uses (constants, `get_version`, `get_unique_id`, `NcclError`,
-`NcclCommunicator(ndev, commId, rank)` with allReduce/reduceScatter/allGather/broadcast/send/recv/abort/
-destroy/check_async_error) and behaves like NCCL where the backend's logic depends on it:
+`FakeNccl` has the surface the backend uses (constants, `get_version`, `get_unique_id`, `groupStart`/`groupEnd`,
+`NcclError`, `NcclCommunicator(ndev, commId, rank)` with allReduce/reduceScatter/allGather/broadcast/send/recv/
+abort/destroy/check_async_error) and behaves like NCCL where the backend's logic depends on it:
 - init blocks until all `ndev` ranks of one unique id have called it (a rank that never comes hangs the
   others), unless `fail_init` is set;
 - calls only enqueue: an operation runs when every rank has enqueued its matching call (send/recv: the
   matching peer call), so a rank that never calls leaves the others' events pending forever;
+- calls between `groupStart()` and `groupEnd()` are enqueued like any other (enqueueing never blocks here, so
+  a group needs nothing more); a rank never sends to itself (NCCL would allow it inside a group; the backend
+  copies its own segment instead, and the fake refuses a self send so that a change there is noticed);
 - `abort()` ends the communicator's pending operations without writing anything (their events complete);
 - `inject_async_error(rank, text)` makes `check_async_error()` raise on that rank;
 - NCCL defines overlapping send/recv buffers only in its in-place layout (allGather: send = recv +
@@ -31,7 +34,8 @@ import numpy as np
 
 from p2pgen.collectives.nccl_buffers import DevBuf, describe
 
-_DTYPES = {0: "int8", 1: "uint8", 2: "int32", 4: "int64", 6: "float16", 7: "float32", 8: "float64", 9: "bfloat16"}
+_DTYPES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16", 7: "float32",
+           8: "float64", 9: "bfloat16"}
 
 
 class FakeNcclError(RuntimeError):
@@ -45,7 +49,7 @@ class FakeNccl:
     available = True
     NcclError = FakeNcclError
     NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
-    NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_INT64 = 0, 1, 2, 4
+    NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5
     NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16 = 6, 7, 8, 9
 
     def __init__(self, version: int = 22105, cupy_major: int = 14) -> None:
@@ -69,6 +73,12 @@ class FakeNccl:
     # ---- module functions ------------------------------------------------------------------------
     def get_version(self) -> int:
         return self.version
+
+    def groupStart(self) -> None:
+        self.record("groupStart", -1)
+
+    def groupEnd(self) -> None:
+        self.record("groupEnd", -1)
 
     def get_unique_id(self) -> bytes | tuple[int, ...]:
         raw = os.urandom(128)
@@ -221,6 +231,8 @@ class _FakeComm:
         self._enqueue(("broadcast", self._next()), (send, recv, count, dtype, root), stream)
 
     def send(self, buf: int, count: int, dtype: int, peer: int, stream: int) -> None:
+        if peer == self.rank_:
+            raise FakeNcclError(f"rank {peer} sends to itself")
         self._enqueue(("p2p", self.rank_, peer, self._pair("send", peer)), (buf, count, dtype), stream)
 
     def recv(self, buf: int, count: int, dtype: int, peer: int, stream: int) -> None:
@@ -282,7 +294,7 @@ def _reduce(parts: list[np.ndarray], dtype: int, op: int, world: int) -> np.ndar
     bf16 = _DTYPES[dtype] == "bfloat16"
     vals = [_bf16_to_f32(p) if bf16 else p.copy() for p in parts]
     acc = vals[0]
-    kernel: Callable = {0: np.add, 4: np.add, 2: np.maximum, 3: np.minimum}[op]
+    kernel: Callable = {0: np.add, 1: np.multiply, 4: np.add, 2: np.maximum, 3: np.minimum}[op]
     for v in vals[1:]:
         kernel(acc, v, out=acc)
     if op == 4:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import select
 import socket
 import struct
 import threading
@@ -171,6 +172,30 @@ class Connection:
                             "order, with the same shapes and dtypes?")
             slot.fill((kind, op_seq, chunk))
             return payload_digest
+
+    def peek_header(self) -> frame.Header | None:
+        """The header of the next frame if all of it has arrived, without consuming it (None: not yet, or the
+        peer closed; the next `recv_into` then tells which). A malformed header closes the connection."""
+        try:
+            raw = self.sock.recv(frame.HEADER_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            raise PeerLost(f"receiving from {self._who()} failed: {e!r}") from e
+        if len(raw) < frame.HEADER_BYTES:
+            return None
+        try:
+            return frame.unpack_header(raw)
+        except ValueError as e:
+            self._fatal("malformed", str(e))
+
+    def readable(self, timeout: float) -> bool:
+        """Whether bytes (or the peer's close) can be read within `timeout` seconds, without reading them."""
+        try:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        except (OSError, ValueError) as e:
+            raise PeerLost(f"waiting for {self._who()} failed: {e!r}") from e
+        return bool(ready)
 
     def _read_header(self) -> frame.Header:
         self._read_exact(memoryview(self._hdr), start_of_frame=True)

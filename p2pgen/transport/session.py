@@ -173,6 +173,16 @@ class Session:
                 self._inflight = None
                 self._cond.notify_all()
 
+    @property
+    def error(self) -> P2PGenError | None:
+        """The error this session was retired with (a failure or an abort), or None while it is usable."""
+        return self._error
+
+    def fail(self, err: P2PGenError) -> P2PGenError:
+        """Retire this session because of `err`: every link is shut down and every later operation raises it
+        (the first error wins, and is returned)."""
+        return self._fail(err)
+
     def _fail(self, err: P2PGenError) -> P2PGenError:
         """Record the first error and shut every link down; returns the error operations should raise."""
         with self._cond:

@@ -1,11 +1,14 @@
-"""The nccl backend's plumbing (pointers, counts, datatypes, ops, roots, peers, staging) passes the shared
-Backend conformance suite on the fake NCCL, at world sizes 1-4, with staged and in-place outputs."""
+"""The nccl backend's plumbing (pointers, counts, datatypes, ops, roots, peers, groups, staging) passes the
+shared Backend conformance suite on the fake NCCL, at world sizes 1-4, with staged and in-place outputs:
+every (op, dtype) pair NCCL reduces (nccl_buffers.REDUCTIONS), every dtype moved, all_to_all in every
+layout, and a TypeError naming op and dtype for every pair it does not reduce (the bitwise ops)."""
 
 from __future__ import annotations
 
 import pytest
 
 from p2pgen.collectives import Backend
+from p2pgen.collectives.nccl_buffers import REDUCTIONS
 from p2pgen.testing import conformance
 from p2pgen.testing.fake_nccl import FakeNccl, FakeNcclGroup
 
@@ -17,7 +20,7 @@ def test_nccl_backend_conformance_on_fake_nccl(world, stage):
     group = FakeNcclGroup(world, generation=3, stage_outputs=stage)
     try:
         assert all(isinstance(b, Backend) for b in group.backends)
-        conformance.check_backend(group.run, world)
+        conformance.check_backend(group.run, world, REDUCTIONS)
         assert len({b.op_seq for b in group.backends}) == 1
         assert "destroy" not in group.fake.names(), "a communicator was left to destroy() instead of abort()"
     finally:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from p2pgen.collectives.nccl import NcclBackend, State, Lifecycle, new_comm_id, verdict
-from p2pgen.collectives.nccl_buffers import describe, nccl_op, version_text
+from p2pgen.collectives.nccl_buffers import describe, nccl_dtype, nccl_op, version_text, wire
 from p2pgen.collectives.backend import ReduceOp
 from p2pgen.errors import GenerationChanged, PeerLost
 from p2pgen.testing.fake_nccl import FakeClock, FakeNccl, FakeNcclGroup, wait_until
@@ -74,12 +74,21 @@ def test_dtype_and_op_mapping_refuse_what_nccl_cannot_do(fake):
     assert (f32.nbytes, f32.dtype, i64.dtype) == (12, "float32", "int64")
     assert nccl_op(fake, ReduceOp.AVG, f32, 22105) == fake.NCCL_AVG
     assert nccl_op(fake, ReduceOp.MAX, i64, 22105) == fake.NCCL_MAX
-    with pytest.raises(TypeError, match="avg of int64"):
+    with pytest.raises(TypeError, match="reduce op avg is not defined for int64; avg takes float16"):
         nccl_op(fake, ReduceOp.AVG, i64, 22105)
+    with pytest.raises(TypeError, match="reduce op bxor \\(on int64\\) is not supported.*sum, product"):
+        nccl_op(fake, ReduceOp.BXOR, i64, 22105)
     with pytest.raises(ValueError, match="NCCL 2.10 or newer.*2.9.6"):
         nccl_op(fake, ReduceOp.AVG, f32, 20906)
-    with pytest.raises(TypeError, match="dtype complex64"):
-        describe(np.zeros(2, np.complex64), "z", host=True)
+    flag = describe(np.zeros(2, np.bool_), "b", host=True)
+    assert nccl_op(fake, ReduceOp.SUM, flag, 22105) == fake.NCCL_MAX      # bool travels as uint8: or = max
+    assert nccl_dtype(fake, flag) == fake.NCCL_UINT8
+    c64 = describe(np.zeros(2, np.complex64), "z", host=True)
+    assert wire(fake, c64) == (fake.NCCL_UINT8, 16)                       # moved as bytes
+    with pytest.raises(TypeError, match="NCCL cannot reduce complex64"):
+        nccl_dtype(fake, c64, "all_reduce")
+    with pytest.raises(TypeError, match="dtype object"):
+        describe(np.zeros(2, object), "z", host=True)
     with pytest.raises(TypeError, match="CuPy array or a torch CUDA tensor"):
         describe(np.zeros(2, np.float32), "z")
     assert version_text(22105) == "2.21.5" and version_text(2408) == "2.4.8"

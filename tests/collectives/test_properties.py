@@ -1,12 +1,14 @@
-"""Property test: for random shapes, dtypes, world sizes 1-5, collectives and ops, every member's result
-equals the numpy reference, and all members hold the same bits."""
+"""Property test: for random shapes, dtypes, world sizes 1-5, collectives, ops (every one the dtype takes)
+and all_to_all layouts, every member's result equals the numpy reference, and all members of a replicating
+collective hold the same bits."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from p2pgen.collectives.backend import REDUCTIONS
 from p2pgen.testing import conformance
 
 
@@ -15,14 +17,18 @@ def cases(draw):
     world = draw(st.integers(1, 5))
     collective = draw(st.sampled_from(conformance.COLLECTIVES))
     dtype = draw(st.sampled_from(conformance.DTYPES))
-    ops = conformance.OPS if dtype in conformance.FLOAT_DTYPES else ("sum", "min", "max")
-    op = draw(st.sampled_from(ops))
+    if collective in conformance.REDUCING:
+        assume(dtype not in conformance.MOVE_ONLY)
+        op = draw(st.sampled_from([op.value for op, dtypes in REDUCTIONS.items() if dtype in dtypes]))
+    else:
+        op = "sum"
+    layout = draw(st.sampled_from(conformance.LAYOUTS)) if collective == "all_to_all" else "even"
     shape = tuple(draw(st.lists(st.integers(0, 40), min_size=0, max_size=3)))
     if draw(st.booleans()):
         shape = (draw(st.integers(0, 5000)),)   # spans several 4 KiB frames
     torch = dtype == "bfloat16" or draw(st.booleans())
     case = conformance.Case(collective, shape, dtype, op, root=draw(st.integers(0, 4)),
-                            seed=draw(st.integers(0, 2**32 - 1)), torch=torch)
+                            seed=draw(st.integers(0, 2**32 - 1)), torch=torch, layout=layout)
     return world, case
 
 
