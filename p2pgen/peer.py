@@ -177,6 +177,7 @@ class Peer:
         self.backend_kind = check_kind(backend)
         self.identity = (peer_id, incarnation)
         self.keeper = StateKeeper(keep, state, job, self.identity) if keep is not None and keep.enabled else None
+        self.lineage = 0                 # the generation this process's state belongs to (see core: lineage)
         self.secret = secret
         self.reform_after = reform_after
         self.trace = Trace(trace_path, self.identity)
@@ -373,6 +374,8 @@ class Peer:
         extra: dict[str, Any] = {}
         if self.keeper is not None:
             restored = self.keeper.restore(self._view["state"])     # once, before anything is served
+            if self.keeper.lineage:
+                self.lineage = self.keeper.lineage
             if restored:
                 self.trace.record("restore", generation=generation, revision=self.state.revision, note=restored)
             extra = self.keeper.vote_fields(self._view["state"])
@@ -381,7 +384,7 @@ class Peer:
         digest = self.state.digest()
         comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
         outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, quiescence, self.state.revision,
-                                     digest, seq, comm_id=comm_id, at=time.time(), **extra))
+                                     digest, seq, comm_id=comm_id, at=time.time(), lineage=self.lineage, **extra))
         if outcome is None:
             return False
         self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
@@ -423,6 +426,7 @@ class Peer:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self.trace.record("pull_failed", generation=generation, reason=str(e))
             return False
+        self.lineage = pending["parent"]   # the frontier was elected on the history of the active generation
         outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time()))
         if outcome is None:
             return False
@@ -443,6 +447,7 @@ class Peer:
             self.close()
             raise Evicted(f"{e}: this process must not report synced; its agent restarts it") from e
         log.warning("generation %d: %s", generation, line)
+        self.lineage = pending["parent"]   # the election chose this checkpoint on the active generation's history
         self._serving.close()
         self._serving.enter_context(self.state_server.serving(generation))   # members without it pull from us
         outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time()))
@@ -477,6 +482,7 @@ class Peer:
         rank = next(m["rank"] for m in cert["members"] if (m["peer_id"], m["incarnation"]) == self.identity)
         group = Group(self.job, cert["generation"], endpoints, rank)
         self.certificate = cert
+        self.lineage = cert["generation"]
         self._serving.close()
         if cert.get("recovery"):
             (log.warning if cert.get("regressed_from") is not None else log.info)(

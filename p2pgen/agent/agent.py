@@ -496,7 +496,7 @@ class Agent:
     def _announce(self) -> Announcement:
         view = self.membership.view()
         eligible = (view is not None and not view.voter and self.membership.caught_up()
-                    and self.incarnation is not None and not self._leaving.is_set())
+                    and not self._leaving.is_set())     # a Raft participant: its application does not matter
         return Announcement(self.instance, self.membership.announced_node(), eligible)
 
     # --- control API -------------------------------------------------------------------------------

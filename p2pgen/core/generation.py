@@ -19,6 +19,9 @@ Invariants kept (checked by tests/core after every step):
   start. Such an activation opens a new state epoch (a new branch of history): a vote for a state of an
   older epoch above the revision where a later epoch began is refused, so a state of a dead branch (an
   old local copy or checkpoint) can never be mixed into the new one.
+- Lineage: every activation records where the job resumed; a `ready` whose state belongs to an older
+  generation and lies above a later resumption (a local copy of steps the job never continued) counts as
+  holding nothing: that member pulls, and such a state never becomes a frontier (I5: one serial history).
 - Re-form (`Reformed`, the first entry of a new Raft epoch after a majority of voters was lost for good):
   the job continues from the state of the survivor that applied the most, so generation and incarnation
   numbers keep going up; the members of the lost agents are evicted and the survivors proposed.
@@ -40,6 +43,7 @@ from p2pgen.core.model import (
 )
 
 HISTORY_LIMIT = 64
+RESUMES_KEPT = 256
 TOMBSTONE_LIMIT = 256
 
 
@@ -81,6 +85,7 @@ class GenerationMachine:
         self.hold_since: float | None = None        # when the certified state was first found missing
         self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
+        self.resumes: deque[tuple[int, int]] = deque(maxlen=RESUMES_KEPT)   # (generation, frontier revision)
         self.raft_epoch = 0                         # +1 at each fenced re-form (`Reformed`)
         self.reform_note = ""                       # carried by the next certificate, then cleared
 
@@ -100,6 +105,21 @@ class GenerationMachine:
     def was_evicted(self, peer_id: str, incarnation: int) -> bool:
         """True if this incarnation was seen and is no longer a member (it must restart as a new one)."""
         return incarnation <= self.last_incarnation.get(peer_id, -1) and not self.is_current(peer_id, incarnation)
+
+    def left_behind(self, lineage: int, revision: int) -> tuple[int, int] | None:
+        """A state at `revision` that belongs to generation `lineage` is off the job's history when a later
+        generation resumed below it: the steps above that resumption were never continued (they were
+        committed by members that died before the next change, and the job went on without them). Returns
+        that (generation, frontier revision), or None. `lineage` 0 (not said) is taken as current."""
+        if lineage <= 0:
+            return None
+        for generation, frontier in self.resumes:
+            if generation > lineage and frontier < revision:
+                return generation, frontier
+        if self.resumes and len(self.resumes) == RESUMES_KEPT and lineage < self.resumes[0][0] \
+                and revision > self.resumes[0][1]:
+            return self.resumes[0]            # older than what is remembered: not provably on the history
+        return None
 
     def on_branch(self, epoch: int, revision: int) -> bool:
         """Whether a state of `epoch` at `revision` belongs to the current history: every later epoch
@@ -225,6 +245,9 @@ class GenerationMachine:
                       if cmd.ckpt_revision >= 0 and cmd.ckpt_digest else None)
         vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq, cmd.comm_id, cmd.epoch,
                          checkpoint)
+        behind = self.left_behind(cmd.lineage, cmd.revision)
+        if behind is not None:            # it holds nothing the job can resume from: it must pull
+            vote = ReadyVote(cmd.quiescence, 0, "", cmd.collective_seq, cmd.comm_id, 0, checkpoint)
         previous = proposal.votes.get(cmd.peer_id)
         if previous is not None:
             if previous == vote:
@@ -246,6 +269,10 @@ class GenerationMachine:
         proposal.votes[cmd.peer_id] = vote
         if len(proposal.votes) == len(proposal.members):
             self._elect(self._election(), cmd.at, position, effects)
+        if behind is not None:
+            return Outcome(True, f"{cmd.peer_id} ready for generation {cmd.generation}, holding nothing: its state at "
+                                 f"revision {cmd.revision} (generation {cmd.lineage}) was left behind when generation "
+                                 f"{behind[0]} resumed from revision {behind[1]}", tuple(effects))
         return Outcome(True, f"{cmd.peer_id} ready for generation {cmd.generation}", tuple(effects))
 
     def _check_branch(self, cmd: Ready) -> str | None:
@@ -381,6 +408,7 @@ class GenerationMachine:
         if election is None or any(p.peer_id not in proposal.synced for p in election.pulls):
             return
         parent = self.active
+        self.resumes.append((proposal.generation, election.frontier.revision))
         if election.regressed_from is not None:
             self.state_epoch += 1
             self.forks += ((self.state_epoch, election.frontier.revision),)

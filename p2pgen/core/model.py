@@ -263,6 +263,7 @@ class Ready:
     ckpt_revision: int = -1    # the newest checkpoint this member can load (-1: none), its digest and epoch
     ckpt_digest: str = ""
     ckpt_epoch: int = 0
+    lineage: int = 0           # the generation the state belongs to (last activated or committed in); 0: not said
 
 
 @dataclass(frozen=True)

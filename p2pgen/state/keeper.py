@@ -73,6 +73,7 @@ class StateKeeper:
         self.config, self.state, self.job, self.identity = config, state, job, identity
         self.local = LocalCopy(config.local_dir, job, identity[0]) if config.local_dir else None
         self.epoch = 0                 # state epoch of the state held (0: not known, e.g. just pulled)
+        self.lineage = 0               # the generation a restored local copy was saved in (0: none restored)
         self.instance = ""             # this run of the job (from the replicated state), once seen
         self.restored: str = ""        # what restore() did, for the application's log and the trace
         self._restore_tried = False
@@ -106,6 +107,7 @@ class StateKeeper:
             log.warning("%s", self.restored)
             return self.restored
         self.epoch = done.info.epoch
+        self.lineage = done.info.generation
         self._saved = (done.info.revision, done.info.digest)
         self.restored = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
                          f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "

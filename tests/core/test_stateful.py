@@ -128,10 +128,13 @@ def fingerprint(m: GenerationMachine) -> tuple:
             m.allow_fresh_start, m.instance, m.state_epoch, m.forks, m.hold_since)
 
 
-def vote_of(command: Ready) -> ReadyVote:
-    """The vote the core must record for an accepted `ready`."""
+def vote_of(command: Ready, resumes: list[tuple[int, int]]) -> ReadyVote:
+    """The vote the core must record for an accepted `ready`: a state left behind by a later resumption
+    (`resumes`: (generation, frontier revision) of every activation) counts as holding nothing."""
     checkpoint = (CheckpointRef(command.ckpt_revision, command.ckpt_digest, command.ckpt_epoch)
                   if command.ckpt_revision >= 0 and command.ckpt_digest else None)
+    if command.lineage > 0 and any(g > command.lineage and f < command.revision for g, f in resumes):
+        return ReadyVote(command.quiescence, 0, "", command.collective_seq, command.comm_id, 0, checkpoint)
     return ReadyVote(command.quiescence, command.revision, command.digest, command.collective_seq,
                      command.comm_id, command.epoch, checkpoint)
 
@@ -164,6 +167,7 @@ class GenerationProtocol(RuleBasedStateMachine):
         self.now = 0.0                          # the time every command carries (`at`)
         self.regress_wait, self.fresh = DEFAULT_REGRESS_WAIT, False
         self.forks: list[tuple[int, int]] = []  # (epoch, revision it began at), from regressed activations
+        self.resumes: list[tuple[int, int]] = []  # (generation, frontier revision) of every activation
         self.missing_since: float | None = None   # first hold (or regressed election) since the last activation
 
     # --- sending commands ------------------------------------------------------------------------
@@ -204,7 +208,9 @@ class GenerationProtocol(RuleBasedStateMachine):
         if isinstance(command, Ready) and command.quiescence != "unknown":
             assert self.on_branch(command.epoch, command.revision), "a vote for a dead branch was accepted"
             assert self.on_branch(command.ckpt_epoch, command.ckpt_revision), "a dead-branch checkpoint was accepted"
-            vote = vote_of(command)
+            vote = vote_of(command, self.resumes)
+            if vote.revision == 0 and command.revision > 0 and not vote.digest:
+                event("a vote of a state left behind counted as holding nothing")
             recorded = self.votes.setdefault(command.generation, {}).setdefault(
                 command.peer_id, (command.incarnation, vote))
             assert recorded == (command.incarnation, vote), "an accepted ready differs from the vote on record"
@@ -329,6 +335,7 @@ class GenerationProtocol(RuleBasedStateMachine):
             assert cert.regressed_from is None and cert.state_epoch == epoch
         assert cert.frontier_source == election.source
         self.missing_since = None
+        self.resumes.append((g, cert.frontier.revision))   # later votes of states above it, from before it, hold nothing
         # rank map: survivors keep their relative order, joiners follow in admission order
         before = parent.members if parent else ()
         kept = {m.identity for m in cert.members}
@@ -395,7 +402,8 @@ class GenerationProtocol(RuleBasedStateMachine):
         base = self.active_cert.frontier.revision if self.active_cert else 0
         current = 1 + len(self.forks)
         epochs = (0, current) if on_branch else (0, current, current - 1, current + 1)
-        fields = {"epoch": data.draw(st.sampled_from(epochs))}
+        fields = {"epoch": data.draw(st.sampled_from(epochs)),
+                  "lineage": data.draw(st.sampled_from((0, self.m.active_generation, max(0, self.m.active_generation - 2))))}
         if data.draw(st.integers(0, 3)) == 0:
             ckpt = max(0, base + data.draw(st.integers(-2, 2)))
             fields.update(ckpt_revision=ckpt, ckpt_digest=data.draw(st.sampled_from((f"c{ckpt}", f"c{ckpt}", "k"))),
@@ -473,7 +481,7 @@ class GenerationProtocol(RuleBasedStateMachine):
         if not proposed:
             assert not outcome.ok, "I2/I3: a vote for another generation or incarnation was accepted"
         elif previous is not None:
-            same = previous == vote_of(command)
+            same = previous == vote_of(command, self.resumes)
             assert outcome.ok == same and outcome.effects == ()
         elif command.quiescence == "unknown":
             assert outcome.ok, outcome.reason

@@ -19,7 +19,7 @@ Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one in
     suspect reporter=R PEER INC reason="..."
     leave PEER INC
     reform GEN PEER INC "reason"                   (or reason="...")
-    ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N] [epoch=E] [ckpt=REV:DIGEST[:EPOCH]]
+    ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N] [epoch=E] [ckpt=REV:DIGEST[:EPOCH]] [lineage=G]
     synced GEN PEER INC digest=D
     fallback GEN PEER INC
 
@@ -177,7 +177,8 @@ class Interpreter:
             ckpt = kw.pop("ckpt", "").split(":") if "ckpt" in kw else ["-1", ""]
             return Ready(int(gen), peer, int(inc), quiescence, int(kw.pop("r")), kw.pop("digest", ""),
                          int(kw.pop("seq", 0)), at=at, epoch=int(kw.pop("epoch", 0)), ckpt_revision=int(ckpt[0]),
-                         ckpt_digest=ckpt[1], ckpt_epoch=int(ckpt[2]) if len(ckpt) > 2 else 0)
+                         ckpt_digest=ckpt[1], ckpt_epoch=int(ckpt[2]) if len(ckpt) > 2 else 0,
+                         lineage=int(kw.pop("lineage", 0)))
         if name == "fallback":
             gen, peer, inc = pos
             return Fallback(int(gen), peer, int(inc), at=at)
