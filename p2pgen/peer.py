@@ -374,8 +374,8 @@ class Peer:
         extra: dict[str, Any] = {}
         if self.keeper is not None:
             restored = self.keeper.restore(self._view["state"])     # once, before anything is served
-            if self.keeper.lineage:
-                self.lineage = self.keeper.lineage
+            if restored and self.keeper.lineage:
+                self.lineage = self.keeper.lineage                  # the generation the copy was saved in
             if restored:
                 self.trace.record("restore", generation=generation, revision=self.state.revision, note=restored)
             extra = self.keeper.vote_fields(self._view["state"])
