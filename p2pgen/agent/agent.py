@@ -39,7 +39,7 @@ from p2pgen.agent.supervisor import Application
 from p2pgen.agent.voters import VoterManager
 from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
-from p2pgen.core import Command, Configure, Leave, Outcome, Ready, Register, Suspect
+from p2pgen.core import Command, Configure, Kept, Leave, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
@@ -408,6 +408,7 @@ class Agent:
             self._leave()
             return True
         self._report_app(app, f"application {why}")
+        self._report_kept_copy(app)
         if counted:
             self.restarts += 1
             if self.restarts > self.config.max_restarts:
@@ -437,6 +438,18 @@ class Agent:
             return
         self._relaunch = None
         self._launch_app()
+
+    def _report_kept_copy(self, app: Application) -> None:
+        """Tell the job what the dead incarnation left in its local copy on this host: the next incarnation
+        restores it, so a generation that would resume below it waits for that one (bounded)."""
+        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr)
+        if copy_ is None or copy_.revision <= 0:
+            return
+        outcome = self._submit(Kept(self.config.peer_id, app.incarnation, copy_.revision, copy_.digest,
+                                    copy_.generation, at=time.time()),
+                               f"report the local copy of {self.config.peer_id}#{app.incarnation}")
+        if outcome is not None:
+            log.info("%s", outcome.reason)
 
     def _report_app(self, app: Application, why: str) -> None:
         outcome = self._submit(Suspect(self.config.peer_id, self.config.peer_id, app.incarnation, why,

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from p2pgen.core import DEFAULT_REGRESS_WAIT
+from p2pgen.state.localcopy import CopyInfo, LocalCopy
 from p2pgen.state.keeper import (
     ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_KEEP, ENV_LOCAL, ENV_LOCAL_EVERY, ENV_RESTORE,
 )
@@ -61,6 +62,17 @@ class StateDirConfig:
         if self.restore:
             env[ENV_RESTORE] = os.pathsep.join(os.path.abspath(d) for d in self.restore)
         return env
+
+    def describe_local(self, job: str, peer_id: str, listen: str) -> CopyInfo | None:
+        """What the local copy's pointer says (revision, digest, generation, incarnation), unverified; None when
+        there is no copy (the application verifies it before using it)."""
+        folder = self.local_folder(job, peer_id, listen)
+        if not self.local or not os.path.isdir(folder):
+            return None
+        try:
+            return LocalCopy(folder, job, peer_id).describe()
+        except (OSError, ValueError, KeyError):
+            return None
 
     def remove_local(self, job: str, peer_id: str, listen: str) -> None:
         """The peer left the job: its local copy is of no further use."""

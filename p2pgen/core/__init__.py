@@ -8,7 +8,7 @@ from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
     COMMAND_TYPES, DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef,
-    Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Leave,
+    Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Kept, Leave,
     LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Pull, Ready, ReadyVote,
     Reform, Reformed, Register, RestartRequired, Suspect, Synced, Tombstone, retirement_reason,
 )
@@ -16,7 +16,7 @@ from p2pgen.core.model import (
 __all__ = [
     "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
     "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
-    "GenerationMachine", "Hold", "HistoryEntry", "Leave", "LogPosition", "Member", "MemberEvicted", "Outcome",
+    "GenerationMachine", "Hold", "HistoryEntry", "Kept", "Leave", "LogPosition", "Member", "MemberEvicted", "Outcome",
     "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed", "Register",
     "RestartRequired", "Suspect", "Synced", "Tombstone", "elect_frontier", "retirement_reason",
 ]

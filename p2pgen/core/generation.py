@@ -22,6 +22,9 @@ Invariants kept (checked by tests/core after every step):
 - Lineage: every activation records where the job resumed; a `ready` whose state belongs to an older
   generation and lies above a later resumption (a local copy of steps the job never continued) counts as
   holding nothing: that member pulls, and such a state never becomes a frontier (I5: one serial history).
+- Kept copies: an agent whose application died reports the local copy it left (`Kept`); a proposal whose
+  frontier is below such a copy (on the history, its peer not voting yet) is held, for at most `regress_wait`
+  after the death, until the peer's new incarnation votes with what it restored.
 - Re-form (`Reformed`, the first entry of a new Raft epoch after a majority of voters was lost for good):
   the job continues from the state of the survivor that applied the most, so generation and incarnation
   numbers keep going up; the members of the lost agents are evicted and the survivors proposed.
@@ -38,7 +41,7 @@ from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.model import (
     DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
     Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
-    MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed, Register,
+    Kept, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed, Register,
     RestartRequired, Suspect, Synced, Tombstone,
 )
 
@@ -86,6 +89,7 @@ class GenerationMachine:
         self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
         self.resumes: deque[tuple[int, int]] = deque(maxlen=RESUMES_KEPT)   # (generation, frontier revision)
+        self.kept: dict[str, Kept] = {}             # peer_id -> the local copy its dead incarnation left
         self.raft_epoch = 0                         # +1 at each fenced re-form (`Reformed`)
         self.reform_note = ""                       # carried by the next certificate, then cleared
 
@@ -201,7 +205,10 @@ class GenerationMachine:
         return self._remove(cmd.peer_id, cmd.incarnation, f"suspected by {cmd.reporter}: {cmd.reason}", cmd.at)
 
     def _leave(self, cmd: Leave, position: LogPosition) -> Outcome:
-        return self._remove(cmd.peer_id, cmd.incarnation, "left gracefully", cmd.at)
+        outcome = self._remove(cmd.peer_id, cmd.incarnation, "left gracefully", cmd.at)
+        if outcome.ok:
+            self.kept.pop(cmd.peer_id, None)   # its agent removes its local copy when it leaves
+        return outcome
 
     def _remove(self, peer_id: str, incarnation: int, why: str, at: float) -> Outcome:
         refusal = self._check_current(peer_id, incarnation)
@@ -267,6 +274,7 @@ class GenerationMachine:
         if refusal:
             return Outcome.refused(refusal)
         proposal.votes[cmd.peer_id] = vote
+        self.kept.pop(cmd.peer_id, None)   # a new incarnation's vote says what it holds: no copy to wait for
         if len(proposal.votes) == len(proposal.members):
             self._elect(self._election(), cmd.at, position, effects)
         if behind is not None:
@@ -292,6 +300,14 @@ class GenerationMachine:
     def _elect(self, election: Election, at: float, position: LogPosition, effects: list[Effect]) -> None:
         """Every member voted: elect, or hold the proposal if its frontier would regress and may not yet."""
         proposal = self.pending
+        awaited = self._awaited_copy(election, at)
+        if awaited is not None:
+            copy_ = awaited
+            proposal.hold = Hold(copy_.at, copy_.at + self.regress_wait, copy_.revision, election.frontier,
+                                 f"{copy_.peer_id}'s local copy holds revision {copy_.revision} (its application "
+                                 f"restarts on its host); waiting until {copy_.at + self.regress_wait:.3f} for it")
+            effects.append(ActivationHeld(proposal.generation, proposal.hold))
+            return
         if election.regressed_from is not None:
             since = self.hold_since if self.hold_since is not None else at
             refusal = self._regression_refusal(election, since, at)
@@ -305,6 +321,16 @@ class GenerationMachine:
         proposal.election = election
         effects.append(FrontierElected(proposal.generation, election))
         self._maybe_activate(at, position, effects)
+
+    def _awaited_copy(self, election: Election, at: float) -> Kept | None:
+        """The best local copy a dead incarnation left above this frontier, still worth waiting for: on the job's
+        history, its peer not voting in this proposal (a new incarnation's vote says what it restored), and
+        reported less than `regress_wait` ago."""
+        voting = {m.peer_id for m in self.pending.members}
+        waiting = [k for k in self.kept.values()
+                   if k.peer_id not in voting and k.revision > election.frontier.revision
+                   and at < k.at + self.regress_wait and self.left_behind(k.lineage, k.revision) is None]
+        return max(waiting, key=lambda k: (k.revision, k.peer_id), default=None)
 
     def _regression_refusal(self, election: Election, since: float, at: float) -> str | None:
         """Why a frontier below the certified revision may not be used at time `at` (None: it may)."""
@@ -320,6 +346,21 @@ class GenerationMachine:
                     f"(--restore DIR)")
         return None
 
+    def _kept(self, cmd: Kept, position: LogPosition) -> Outcome:
+        last = self.last_incarnation.get(cmd.peer_id)
+        if last is None or cmd.incarnation > last:
+            return Outcome.refused(f"kept: {cmd.peer_id}#{cmd.incarnation} was never registered")
+        if cmd.revision < 0 or cmd.lineage < 0:
+            return Outcome.refused("kept: revision and lineage must be >= 0")
+        if self.is_current(cmd.peer_id, cmd.incarnation):
+            return Outcome.refused(f"kept: {cmd.peer_id}#{cmd.incarnation} is still a member: its vote says what "
+                                   "it holds")
+        held = self.kept.get(cmd.peer_id)
+        if held is not None and (held.incarnation, held.revision) >= (cmd.incarnation, cmd.revision):
+            return Outcome(True, f"{cmd.peer_id}'s local copy at revision {held.revision} is already known (replay)")
+        self.kept[cmd.peer_id] = cmd
+        return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} left a local copy of revision {cmd.revision}")
+
     def _fallback(self, cmd: Fallback, position: LogPosition) -> Outcome:
         refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
         if refusal:
@@ -328,7 +369,13 @@ class GenerationMachine:
         if proposal.hold is None:
             return Outcome(True, f"generation {cmd.generation} is not held: nothing to fall back from")
         election, since = self._election(), proposal.hold.since
-        refusal = self._regression_refusal(election, since, cmd.at)
+        awaited = self._awaited_copy(election, cmd.at)
+        if awaited is not None:
+            return Outcome.refused(f"fallback for generation {cmd.generation}: {awaited.peer_id}'s local copy of "
+                                   f"revision {awaited.revision} may still come back (until "
+                                   f"{awaited.at + self.regress_wait:.3f})")
+        refusal = (self._regression_refusal(election, since, cmd.at) if election.regressed_from is not None
+                   else None)
         if refusal is not None:
             return Outcome.refused(f"fallback for generation {cmd.generation}: {refusal}")
         effects: list[Effect] = []
@@ -485,6 +532,7 @@ def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> 
 
 _HANDLERS = {
     Reformed: _reformed,
+    Kept: GenerationMachine._kept,
     Configure: GenerationMachine._configure,
     Register: GenerationMachine._register,
     Suspect: GenerationMachine._suspect,

@@ -287,6 +287,20 @@ class Synced:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """An agent whose application died found the local copy it left on this host: the peer's next incarnation
+    (restarted there) comes back holding (revision, digest) of generation `lineage`. So the job waits for it
+    (bounded, like a regression) instead of resuming below it."""
+
+    peer_id: str
+    incarnation: int           # the incarnation that died
+    revision: int
+    digest: str
+    lineage: int
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
 class Reformed:
     """The first entry of a new Raft epoch (`p2pgen recover`, after a majority of voters was lost for good):
     the job continues from `base`, the replicated state of the survivor that had applied the most (`seed`, its
@@ -299,9 +313,9 @@ class Reformed:
     at: float = 0.0
 
 
-Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Reformed]
+Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept, Reformed]
 COMMAND_TYPES: dict[str, type] = {
-    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback)}
+    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept)}
 
 
 # --- effects ---------------------------------------------------------------------------------------

@@ -127,6 +127,8 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
                   "allow_fresh_start": m.allow_fresh_start},
         "state_epoch": m.state_epoch,
         "raft_epoch": m.raft_epoch,
+        "kept": [{"peer_id": k.peer_id, "incarnation": k.incarnation, "revision": k.revision, "lineage": k.lineage,
+                  "at": k.at} for k in m.kept.values()],
         "forks": [{"epoch": e, "revision": r} for e, r in m.forks],
         "active": m.active.to_json() if m.active else None,
         "pending": proposal_json(m.pending) if m.pending else None,

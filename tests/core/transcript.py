@@ -22,6 +22,7 @@ Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one in
     ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N] [epoch=E] [ckpt=REV:DIGEST[:EPOCH]] [lineage=G]
     synced GEN PEER INC digest=D
     fallback GEN PEER INC
+    kept PEER INC r=REV digest=D lineage=G            (the local copy a dead incarnation left)
 
 Every command also takes `at=T` (the command's time; it holds for later commands until the next `at=`,
 starting at 0) and `term=T` / `index=I` (its Raft log position). The interpreter numbers commands like a log: each applied command gets the next index, in the
@@ -57,8 +58,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from p2pgen.core import (
-    DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Leave, LogPosition, Ready, Reform,
-    Register, Suspect, Synced,
+    DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Kept, Leave, LogPosition, Ready,
+    Reform, Register, Suspect, Synced,
 )
 from p2pgen.core.render import history_json, member_list, render_outcome, render_pull, render_state, state_json
 
@@ -179,6 +180,9 @@ class Interpreter:
                          int(kw.pop("seq", 0)), at=at, epoch=int(kw.pop("epoch", 0)), ckpt_revision=int(ckpt[0]),
                          ckpt_digest=ckpt[1], ckpt_epoch=int(ckpt[2]) if len(ckpt) > 2 else 0,
                          lineage=int(kw.pop("lineage", 0)))
+        if name == "kept":
+            peer, inc = pos
+            return Kept(peer, int(inc), int(kw.pop("r")), kw.pop("digest", ""), int(kw.pop("lineage", 0)), at=at)
         if name == "fallback":
             gen, peer, inc = pos
             return Fallback(int(gen), peer, int(inc), at=at)
