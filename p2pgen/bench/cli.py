@@ -16,6 +16,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_channel(sub)
     _add_survive(sub)
     _add_torch_suite(sub)
+    _add_scale(sub)
 
 
 def _add_allreduce(sub: argparse._SubParsersAction) -> None:
@@ -166,3 +167,21 @@ def _run_torch_suite(args: argparse.Namespace) -> int:
     results = {b: torch_suite.run_backend(b, args.world, args.names, args.timeout, args.progress) for b in backends}
     print(json.dumps(results, indent=1) if args.json else torch_suite.format_table(results, args.world))
     return 0
+
+
+def _add_scale(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scale", help="control plane at 4, 8, 16, 32 agents: formation, kill -> active, Raft entries "
+                                     "per change, idle CPU per agent")
+    p.add_argument("--agents", nargs="+", type=int, default=[4, 8, 16, 32], help="agent counts (default 4 8 16 32)")
+    p.add_argument("--kills", type=int, default=3, help="application kills per count (median; default 3)")
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement (default 10)")
+    p.add_argument("--json", action="store_true", help="print {rows: [...]} instead of the table")
+    p.set_defaults(func=_run_scale)
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from p2pgen.bench import scale
+
+    if any(n < 2 for n in args.agents) or args.kills < 1 or args.idle <= 0:
+        raise SystemExit("p2pgen bench scale: every --agents count must be >= 2, --kills >= 1, --idle > 0")
+    return scale.main(args.agents, args.kills, args.idle, args.json)

@@ -156,3 +156,22 @@ def test_a_removed_voter_is_refused_and_comes_back_under_a_new_identity(cluster)
     with open(cluster.agents[peer].log) as f:
         assert f.read().count("registering again as a new incarnation") == 1   # once per eviction
     assert_log_matching(cluster)
+
+
+@pytest.mark.timeout(240)
+def test_sixteen_agents_form_and_survive_losing_two_voters_one_after_the_other(cluster):
+    addrs = addrs_of(16)
+    start_together(cluster, addrs)
+    show = cluster.wait(addrs[0], lambda s: len(active_members(s)) == 16 and len(s["raft"]["voters"]) == 5,
+                        timeout=150)
+    assert len(show["raft"]["nonvoters"]) == 11
+    alive = dict(zip(addrs, (f"p{i}" for i in range(16))))
+    for _ in range(2):
+        s = cluster.wait(next(iter(alive)), lambda s: s["raft"]["leader"] is not None)
+        victim = sorted(a for a in voters(s) if a in alive)[-1]
+        peer = alive.pop(victim)
+        cluster.agents[peer].signal(signal.SIGKILL)
+        observer = next(iter(alive))
+        cluster.wait(observer, lambda s: peer not in dict(active_members(s)) and victim not in voters(s)
+                     and len(s["raft"]["voters"]) == 5, timeout=60)
+    assert_log_matching(cluster)
