@@ -471,7 +471,9 @@ class Agent:
             if outcome is not None:
                 log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
 
-    def _leave(self) -> None:
+    def _leave(self, hand_over: bool = True) -> None:
+        if hand_over:
+            self._hand_over()
         self._leaving.set()
         if self.app is not None:
             self.app.terminate(grace=2.0)
@@ -490,6 +492,25 @@ class Agent:
         except RaftUnavailable as e:
             log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
                         "absence instead", e)
+
+    def _hand_over(self) -> None:
+        """A member asked to leave while it is the only one holding the job's state (the active generation is
+        just itself, other members are on their way back) keeps training until another member holds the state
+        (it joins at a step boundary and pulls), at most `regress_wait` seconds: leaving at once would take
+        the job's state with it."""
+        deadline = time.monotonic() + self.config.state.regress_wait
+        said = False
+        while time.monotonic() < deadline and self.app is not None and not self.app.exited.is_set():
+            view = self.membership.view()
+            machine = view.machine if view is not None else None
+            if machine is None or machine.active is None or len(machine.members) < 2 or \
+                    [m.identity for m in machine.active.members] != [(self.config.peer_id, self.incarnation)]:
+                return
+            if not said:
+                log.warning("leaving: this member alone holds the job's state; it keeps training until another "
+                            "member holds it (at most %.0f s)", self.config.state.regress_wait)
+                said = True
+            time.sleep(0.2)
 
     # --- heartbeats ----------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ through the leader), the thread that ticks it, command submission with retries, 
 running hash of the applied log and the node's trace records, and publication of immutable views.
 Invariants kept:
 - only the node's own thread touches the SyncObj (getStatus and the state machine are not
-  thread-safe, pitfall 13): other threads talk to it through a queue and read published views;
+  thread-safe, pitfall 13): other threads talk to it through a queue (and a pipe that wakes its poll, so
+  the thread can sleep a whole append period between ticks when nothing happens) and read published views;
 - a submitted command is retried with the *same* request id until a result arrives or the deadline
   passes (async callbacks can be lost on leader changes, pitfall 4), so it is applied at most once;
 - traffic is encrypted with a password derived from the job secret, the server binds only the given
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import queue
 import threading
 import time
@@ -33,6 +35,7 @@ from typing import Callable
 import pysyncobj.pickle as so_pickle
 from pysyncobj import FAIL_REASON, SyncObjConf
 from pysyncobj.monotonic import monotonic as so_monotonic
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 from p2pgen.auth import derive_key
@@ -64,7 +67,7 @@ class RaftTiming:
     append_period: float = 0.02
     election_min: float = 0.15
     election_max: float = 0.30
-    tick: float = 0.005
+    tick: float = 0.02                # longest sleep between ticks; socket events and submissions wake it at once
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
 
@@ -139,6 +142,7 @@ class RaftNode:
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._removed = False
+        self._wake: _Waker | None = None          # wakes the node's poll when another thread submits
         self._last_applied: tuple[int, int, str] = (0, 0, "")
         self._checkpoints: deque[tuple[int, int, str]] = deque(maxlen=32)
 
@@ -190,6 +194,9 @@ class RaftNode:
     def _call(self, kind: str, payload: object, timeout: float):
         request = _Request(kind, payload, Future(), time.monotonic() + timeout)
         self._inbox.put(request)
+        wake = self._wake
+        if wake is not None:
+            wake.notify()                 # the node's thread handles it now, not at its next tick
         try:
             return request.future.result(timeout + 1.0)
         except FutureTimeout:
@@ -207,6 +214,7 @@ class RaftNode:
             self._error = e
             self._started.set()
             return
+        self._wake = _Waker(self._so._poller)
         self._record("node", self.node_id, voter=self.node_id is not None)
         self._started.set()
         try:
@@ -220,6 +228,9 @@ class RaftNode:
             log.exception("raft node %r crashed", self)
         finally:
             self._so.destroy()
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                wake.close(self._so._poller)
             index, term, digest = self._last_applied
             if index:
                 self._record("applied", self.node_id, index=index, term=term, hash=digest)
@@ -363,3 +374,38 @@ class RaftNode:
         if leader is None or so_monotonic() > so._SyncObj__raftElectionDeadline + self.timing.election_max:
             return None
         return leader.id
+
+
+class _Waker:
+    """A pipe in the node's poller: a byte written by another thread ends the node thread's wait at once."""
+
+    def __init__(self, poller) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._lock = threading.Lock()            # a notify never writes into a closed (possibly reused) fd
+        self._closed = False
+        poller.subscribe(self._read, self._drain, POLL_EVENT_TYPE.READ)
+
+    def notify(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                os.write(self._write, b"w")
+            except BlockingIOError:               # full: a wake-up is pending anyway
+                pass
+
+    def _drain(self, descr: int, event_mask: int) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self, poller) -> None:
+        with self._lock:
+            self._closed = True
+            poller.unsubscribe(self._read)
+            os.close(self._read)
+            os.close(self._write)
