@@ -118,6 +118,7 @@ class Agent:
         self.exit_code = 0
         self._events: queue.Queue[tuple] = queue.Queue()
         self._to_register: int | None = None      # an incarnation to register (retried each turn until it commits)
+        self._handed_out = 0                      # highest incarnation number this agent gave to a process
         self._relaunch: _Relaunch | None = None
         self._voted: tuple[int, int] | None = None      # (generation, incarnation) last voted ready for
         self._leaving = threading.Event()
@@ -187,8 +188,12 @@ class Agent:
             self._to_register = self._next_incarnation()
 
     def _next_incarnation(self) -> int:
+        """A number no process of this peer ever had: above every one the job saw and every one this agent
+        handed to a process (one that died before it registered included), so no two processes share it (I3)."""
         seen = self.node.view().machine.last_incarnation.get(self.config.peer_id, 0)
-        return max(seen, self._to_register or 0, self.incarnation or 0) + 1
+        number = max(seen, self._to_register or 0, self.incarnation or 0, self._handed_out) + 1
+        self._handed_out = number
+        return number
 
     def _member_addrs(self) -> tuple[tuple[str, str], ...]:
         roles = ("agent", "data", "state", "channel") if self.config.command else ("agent",)
