@@ -100,7 +100,9 @@ def run(counts: list[int], kills: int, idle_s: float) -> list[ScaleRow]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="p2pgen-scale-") as tmp:
         for n in counts:
-            rows.append(measure(n, kills, idle_s, Path(tmp) / f"agents-{n}"))
+            workdir = Path(tmp) / f"agents-{n}"
+            workdir.mkdir()
+            rows.append(measure(n, kills, idle_s, workdir))
             print(f"  {n} agents measured", file=sys.stderr, flush=True)
     return rows
 
