@@ -55,7 +55,7 @@ class HeartbeatRunner:
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
-        self._sock.settimeout(config.heartbeat_interval / 4)
+        self._sock.settimeout(config.heartbeat_interval / 2)
         self._history = HeartbeatHistory(config.window)
         self._reported: set[str] = set()
         self._lock = threading.Lock()            # guards _reported, read by other threads via suspected()
@@ -147,7 +147,7 @@ class HeartbeatRunner:
                 log.debug("heartbeat to %s failed: %s", target, e)
 
     def _receive(self, targets: set[str]) -> None:
-        """Wait (at most a quarter interval) for a heartbeat, then take every one already queued."""
+        """Wait (at most half an interval) for a heartbeat, then take every one already queued."""
         flags = 0
         for _ in range(1024):
             try:

@@ -25,7 +25,8 @@ from p2pgen.errors import P2PGenError
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.05
+TICK_S = 0.05              # while this agent's node leads
+IDLE_TICK_S = 0.25         # otherwise: only the first-seen times of voters are kept up to date
 HOLD_BACK_S = 5.0          # after a failed promotion, leave that agent alone for this long
 
 
@@ -49,25 +50,27 @@ class VoterManager:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        while not self._stop.wait(TICK_S):
+        pause = TICK_S
+        while not self._stop.wait(pause):
             try:
-                self._tick(time.monotonic())
+                pause = TICK_S if self._tick(time.monotonic()) else IDLE_TICK_S
             except P2PGenError as e:
                 log.info("voter change not made: %s", e)
             except Exception:
                 log.exception("voter manager failed; retrying")
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float) -> bool:
+        """One look at the voters; True while this agent's node leads (then it looks again soon)."""
         node = self.membership.node
         view = node.view() if node is not None else None
         if view is None:
-            return
+            return False
         for voter in view.nodes:
             self._first_seen.setdefault(voter, now)
         for gone in set(self._first_seen) - set(view.nodes):
             del self._first_seen[gone]
         if not view.is_leader or self._leaving():
-            return
+            return False
         decision = plan_voters(self._voters(view.nodes), view.node_id, self._live(view.node_id),
                                frozenset(v for v, t in self._first_seen.items() if now - t >= self.grace_s),
                                frozenset(a for a, until in self._held_back.items() if until > now))
@@ -78,6 +81,7 @@ class VoterManager:
             log.info("removed Raft voter %s", decision.target)
         elif decision.action == "promote":
             self._promote(decision.target, list(view.nodes), decision.reason, now)
+        return True
 
     def _voters(self, nodes: tuple[str, ...]) -> tuple[Voter, ...]:
         return tuple(Voter(n, control_addr_of(n)) for n in nodes)
