@@ -160,6 +160,8 @@ def test_a_removed_voter_is_refused_and_comes_back_under_a_new_identity(cluster)
 
 @pytest.mark.timeout(240)
 def test_sixteen_agents_form_and_survive_losing_two_voters_one_after_the_other(cluster):
+    cluster.detect = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=3.0", "--detect-floor=1.0",
+                      "--heartbeat-interval=0.2")        # 16 agent processes on 2 cores: starved now and then
     addrs = addrs_of(16)
     start_together(cluster, addrs)
     show = cluster.wait(addrs[0], lambda s: len(active_members(s)) == 16 and len(s["raft"]["voters"]) == 5,
