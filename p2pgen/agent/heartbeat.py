@@ -10,7 +10,8 @@ Invariants kept:
 - only an agent heard at least once (since the last reset) is ever suspected: an agent that just joined, or
   cannot hear anyone, never blames the others for a silence it cannot tell from its own;
 - our own stall (a SIGSTOP, a long GC) is never blamed on others: after a gap longer than the
-  detector's floor every peer's history restarts from now;
+  detector's floor the history of every peer not suspected yet restarts from now (one already suspected
+  stays suspected until it is heard again);
 - each suspicion is reported once until the peer is heard from again;
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector.
@@ -118,11 +119,15 @@ class HeartbeatRunner:
         self._forgive(now)
 
     def _forgive(self, now: float) -> None:
+        """Every peer not suspected yet gets a full timeout from now. A peer already suspected stays suspected
+        until it is heard again: forgetting that would make a dead agent look alive to an agent that keeps
+        stalling (a starved leader would then never remove a dead voter)."""
         with self._lock:
-            self._reported.clear()
+            reported = set(self._reported)
         for peer in self._history.peers():
-            self._history.forget(peer)
-            self._history.record(peer, now)
+            if peer not in reported:
+                self._history.forget(peer)
+                self._history.record(peer, now)
 
     def _track(self, targets: set[str], now: float) -> None:
         known = set(self._history.peers())

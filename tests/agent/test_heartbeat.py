@@ -1,0 +1,65 @@
+"""The heartbeat runner with real UDP sockets on 127.0.0.1: suspicion survives this agent's own stall."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
+from p2pgen.detect import DetectorConfig
+
+KEY = b"k" * 32
+CONFIG = DetectorConfig(kind="fixed", timeout=0.5, floor=0.2, heartbeat_interval=0.05, window=10)
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
+    a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
+    stall = threading.Event()
+    stalled = threading.Event()
+    suspected: list[str] = []
+
+    def targets_of_a() -> set[str]:
+        if stall.is_set() and not stalled.is_set():
+            time.sleep(1.0)                          # this agent's thread starved for 5 floors
+            stalled.set()
+        return {b_addr}
+
+    def runner(addr: str, targets, on_suspect) -> HeartbeatRunner:
+        host, _, port = addr.rpartition(":")
+        return HeartbeatRunner(host, int(port), KEY, "job", addr, CONFIG, targets, on_suspect,
+                               announce=lambda: Announcement("i-" + addr, "", False))
+
+    a = runner(a_addr, targets_of_a, lambda peer, instance, why: suspected.append(peer))
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    a.start()
+    b.start()
+    try:
+        wait_for(lambda: b_addr in a.heard())
+        b.stop()
+        wait_for(lambda: b_addr in a.suspected())
+        assert suspected == [b_addr] and b_addr not in a.heard()
+        stall.set()
+        wait_for(stalled.is_set)
+        time.sleep(3 * CONFIG.heartbeat_interval)    # a few rounds after the stall, well within the timeout
+        assert b_addr in a.suspected() and b_addr not in a.heard()
+        assert suspected == [b_addr]                 # reported once, not forgiven and reported again
+    finally:
+        a.stop()
+        b.stop()
