@@ -209,7 +209,8 @@ class RaftNode:
             bind = raft_addr_of(self.node_id) if self.node_id else None
             conf = self.timing.conf(bind, self._password, on_state_changed=self._on_state_changed)
             self._so = JobSyncObj(self.node_id, self._voters, conf=conf, consumers=[self._state],
-                                  nodeClass=NodeId, transportClass=NodeTransport, on_applied=self._on_applied)
+                                  nodeClass=NodeId, transportClass=NodeTransport, on_applied=self._on_applied,
+                                  on_vote=self._on_vote)
         except BaseException as e:
             self._error = e
             self._started.set()
@@ -248,7 +249,19 @@ class RaftNode:
 
     def _on_state_changed(self, old: int, new: int) -> None:
         if new == _RAFT_STATE.LEADER:
-            self._record("leader", self.node_id, term=self._so.raftCurrentTerm)
+            self._record("leader", self.node_id, term=self._so.raftCurrentTerm, nodes=self._configuration(),
+                         last=self._last_entry())
+
+    def _on_vote(self, term: int, candidate: str, request: dict) -> None:
+        self._record("vote", self.node_id, term=term, candidate=str(candidate), last=self._last_entry(),
+                     candidate_last=[request.get("last_log_index"), request.get("last_log_term")])
+
+    def _configuration(self) -> list[str]:
+        return sorted({str(n.id) for n in self._so.otherNodes} | ({self.node_id} if self.node_id else set()))
+
+    def _last_entry(self) -> list[int]:
+        entries = self._so._SyncObj__getEntries(self._so._SyncObj__getCurrentLogIndex(), 1)
+        return [entries[0][1], entries[0][2]] if entries else [0, 0]
 
     def _on_applied(self, index: int, term: int, command: bytes, result: object) -> None:
         digest = self._state.fold_entry(index, term, command)
@@ -259,6 +272,8 @@ class RaftNode:
         kind = command[0] if command else None
         if kind == _COMMAND_TYPE.MEMBERSHIP and self.node_id is not None:
             change = so_pickle.loads(command[1:])
+            self._record("config", self.node_id, index=index, term=term, change=[change[0], str(change[1])],
+                         nodes=self._configuration())
             if change[0] == "rem" and change[1] == self.node_id:
                 self._removed = True
                 log.warning("raft node %s applied its own removal: it no longer speaks for the job", self.node_id)

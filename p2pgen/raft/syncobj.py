@@ -17,7 +17,8 @@ Owns three narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 
    joiner whose add has not committed, a removed node) but that a non-voting member reached runs elections and
    bumps its term, which later disrupts the leader. Here only connected voters count.
 4. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
-   command, result)`, which the RaftNode uses for the running hash of its log and its trace.
+   command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
+   node grants passes through `on_vote(term, candidate, request)` (for the trace).
 Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
 backwards.
 """
@@ -32,8 +33,11 @@ OnApplied = Callable[[int, int, bytes, Any], None]
 
 
 class JobSyncObj(SyncObj):
-    def __init__(self, *args: Any, on_applied: OnApplied, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, on_applied: OnApplied,
+                 on_vote: Callable[[int, str, dict], None] = lambda term, candidate, request: None,
+                 **kwargs: Any) -> None:
         self._on_applied = on_applied
+        self._on_vote = on_vote
         super().__init__(*args, **kwargs)
 
     # --- 1 and 2: the message handler ---------------------------------------------------------------
@@ -42,7 +46,9 @@ class JobSyncObj(SyncObj):
         if not isinstance(message, dict) or "type" not in message:
             return
         kind = message["type"]
-        if kind == "append_entries" and self._is_plain_append(message):
+        if kind == "request_vote":
+            self._on_request_vote(node, message)
+        elif kind == "append_entries" and self._is_plain_append(message):
             self._on_append(node, message)
         elif kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             before = self._SyncObj__raftNextIndex.get(node)
@@ -52,6 +58,13 @@ class JobSyncObj(SyncObj):
                 self._SyncObj__raftNextIndex[node] = before
         else:
             super()._SyncObj__onMessageReceived(node, message)
+
+    def _on_request_vote(self, node, message: dict) -> None:
+        before = (self._SyncObj__raftCurrentTerm, self._SyncObj__votedForNodeId)
+        super()._SyncObj__onMessageReceived(node, message)
+        after = (self._SyncObj__raftCurrentTerm, self._SyncObj__votedForNodeId)
+        if after[1] is not None and after != before:
+            self._on_vote(after[0], after[1], message)
 
     def _is_plain_append(self, message: dict) -> bool:
         return ("prevLogIdx" in message and message.get("transmission") is None
