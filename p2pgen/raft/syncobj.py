@@ -1,6 +1,6 @@
 """`JobSyncObj`: pysyncobj 0.3.17's SyncObj with Raft's log rules restored and every applied entry observed.
 
-Owns three narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
+Owns four narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
 
 1. Follower: `SyncObj.__onMessageReceived`, branch `append_entries` with `prevLogIdx`, deletes every entry after
    `prevLogIdx` whenever its log is longer (`if len(prevEntries) > 1: ... self.__deleteEntriesFrom(prevLogIdx
@@ -16,7 +16,14 @@ Owns three narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 
 3. Elections: `__connectedToAnyone` counts non-voting members too, so a voter that no other voter accepts (a
    joiner whose add has not committed, a removed node) but that a non-voting member reached runs elections and
    bumps its term, which later disrupts the leader. Here only connected voters count.
-4. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
+4. Leader: membership changes one at a time. `SyncObj.__changeCluster` means to refuse a change while the previous
+   one is not committed, but 0.3.17 never sets the index it checks (`__changeClusterIDx`), so a leader appends
+   any number of changes at once, each taking effect on append. Seen: a new leader appended three removals in one
+   tick, found itself the only voter, committed alone, while the voters it had removed (not knowing it) elected
+   another leader for the same index (a log-matching violation after every agent left at once). Here a change
+   is refused while the previous one this leader appended in its term is not applied; the pysyncobj check that
+   the new leader's no-op committed first (the single-server-change bug in Raft's dissertation) stays.
+5. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
    command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
    node grants passes through `on_vote(term, candidate, request)` (for the trace).
 Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
@@ -38,6 +45,7 @@ class JobSyncObj(SyncObj):
                  **kwargs: Any) -> None:
         self._on_applied = on_applied
         self._on_vote = on_vote
+        self._change_pending: tuple[int, int] | None = None     # (term, index) of the last change appended
         super().__init__(*args, **kwargs)
 
     # --- 1 and 2: the message handler ---------------------------------------------------------------
@@ -101,11 +109,23 @@ class JobSyncObj(SyncObj):
         entries = self._SyncObj__getEntries(index, 1)
         return bool(entries) and entries[0][1] == index and entries[0][2] == term
 
+    # --- 4: one membership change at a time ---------------------------------------------------------
+
+    def _SyncObj__changeCluster(self, request):                 # overrides SyncObj.__changeCluster
+        term = self._SyncObj__raftCurrentTerm
+        pending = self._change_pending
+        if pending is not None and pending[0] == term and self.raftLastApplied < pending[1]:
+            return False                                       # the previous change is not committed yet
+        accepted = super()._SyncObj__changeCluster(request)
+        if accepted:
+            self._change_pending = (term, self._SyncObj__getCurrentLogIndex() + 1)   # where the caller appends it
+        return accepted
+
     def _SyncObj__connectedToAnyone(self):                  # overrides SyncObj.__connectedToAnyone
         others = self.otherNodes
         return not others or any(self.isNodeConnected(node) for node in others)
 
-    # --- 4: observing applied entries ---------------------------------------------------------------
+    # --- 5: observing applied entries ---------------------------------------------------------------
 
     def _SyncObj__doApplyCommand(self, command):              # overrides SyncObj.__doApplyCommand
         index = self.raftLastApplied + 1

@@ -121,3 +121,33 @@ def test_a_late_success_ack_moves_next_index_back_only_in_plain_pysyncobj(cls):
     assert so._SyncObj__raftNextIndex[follower] == (20 if cls is SyncObj else 40)
     deliver(so, {"type": "next_node_idx", "next_node_idx": 12, "reset": True, "success": False}, sender=FOLLOWER)
     assert so._SyncObj__raftNextIndex[follower] == 12  # a refusal still backs off
+
+
+def removal(node_id):
+    return ["rem", node_id, NodeId(node_id)]
+
+
+@pytest.mark.parametrize("cls", [SyncObj, JobSyncObj])
+def test_a_leader_appends_one_membership_change_at_a_time_only_in_job_syncobj(cls):
+    """pysyncobj 0.3.17 never sets the index its one-change-at-a-time check reads: a leader accepts a second
+    removal while the first is uncommitted, and with both applied on append it can end up deciding alone."""
+    third = FOLLOWER.replace("/f0", "/3d")
+    so, _ = make(cls, self_id=LEADER, others=(FOLLOWER, OTHER, third))
+    so._SyncObj__raftState = _RAFT_STATE.LEADER
+    so._SyncObj__raftCurrentTerm = 2
+    so._SyncObj__raftLog.add(NOOP, 2, 2)                  # the new leader's no-op, committed and applied
+    so._SyncObj__noopIDx = 2
+    so._SyncObj__raftCommitIndex = 2
+    apply(so)
+    assert so._SyncObj__changeCluster(removal(OTHER))
+    so._SyncObj__raftLog.add(b"\x02", 3, 2)                # appended where the leader's queue puts it
+    second = so._SyncObj__changeCluster(removal(third))
+    voters = {n.id for n in so.otherNodes} | {LEADER}
+    if cls is SyncObj:
+        assert second and voters == {LEADER, FOLLOWER}      # two uncommitted changes: 4 voters became 2
+        return
+    assert not second and voters == {LEADER, FOLLOWER, third}
+    so._SyncObj__raftCommitIndex = 3                        # the first change committed and applied
+    so._SyncObj__raftLastApplied = 3
+    assert so._SyncObj__changeCluster(removal(third))       # now the next one is accepted
+    assert {n.id for n in so.otherNodes} | {LEADER} == {LEADER, FOLLOWER}
