@@ -10,8 +10,8 @@ Invariants kept:
 - only an agent heard at least once (since the last reset) is ever suspected: an agent that just joined, or
   cannot hear anyone, never blames the others for a silence it cannot tell from its own;
 - our own stall (a SIGSTOP, a long GC) is never blamed on others: after a gap longer than the
-  detector's floor the history of every peer not suspected yet restarts from now (one already suspected
-  stays suspected until it is heard again);
+  detector's floor, the gap is taken out of every peer's silence (its last arrival moves that much later);
+  one already suspected stays suspected until it is heard again;
 - each suspicion is reported once until the peer is heard from again;
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector.
@@ -115,19 +115,22 @@ class HeartbeatRunner:
         self._reset_requested = True
 
     def _forgive_all(self, now: float, gap: float) -> None:
-        log.warning("this agent stalled for %.2f s; restarting every peer's heartbeat history", gap)
-        self._forgive(now)
+        log.warning("this agent stalled for %.2f s; its peers' silences exclude that time", gap)
+        self._forgive(now, gap)
 
-    def _forgive(self, now: float) -> None:
-        """Every peer not suspected yet gets a full timeout from now. A peer already suspected stays suspected
-        until it is heard again: forgetting that would make a dead agent look alive to an agent that keeps
-        stalling (a starved leader would then never remove a dead voter)."""
+    def _forgive(self, now: float, gap: float | None = None) -> None:
+        """Take this agent's own stall of `gap` seconds out of every peer's silence (its last arrival moves
+        `gap` later, never past now); with no gap (after a rejoin) every peer starts afresh from now. A peer
+        already suspected stays suspected until it is heard again. Both keep the evidence an agent that keeps
+        stalling still needs: a starved leader must still convict (and remove) a dead voter."""
         with self._lock:
             reported = set(self._reported)
         for peer in self._history.peers():
-            if peer not in reported:
-                self._history.forget(peer)
-                self._history.record(peer, now)
+            if peer in reported:
+                continue
+            last = self._history.stats(peer).last
+            self._history.forget(peer)
+            self._history.record(peer, now if gap is None else min(now, last + gap))
 
     def _track(self, targets: set[str], now: float) -> None:
         known = set(self._history.peers())

@@ -63,3 +63,38 @@ def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_that_keeps_stalling_still_convicts_a_dead_peer():
+    """Every other round of A stalls for longer than the floor; B's silence between the stalls adds up."""
+    a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
+    stalling = threading.Event()
+    rounds = [0]
+    suspected: list[str] = []
+
+    def targets_of_a() -> set[str]:
+        rounds[0] += 1
+        if stalling.is_set() and rounds[0] % 2:
+            time.sleep(0.3)                              # longer than the floor, shorter than the timeout
+        return {b_addr}
+
+    def runner(addr: str, targets, on_suspect) -> HeartbeatRunner:
+        host, _, port = addr.rpartition(":")
+        return HeartbeatRunner(host, int(port), KEY, "job", addr, CONFIG, targets, on_suspect,
+                               announce=lambda: Announcement("i-" + addr, "", False))
+
+    a = runner(a_addr, targets_of_a, lambda peer, instance, why: suspected.append(peer))
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    a.start()
+    b.start()
+    try:
+        wait_for(lambda: b_addr in a.heard())
+        stalling.set()
+        time.sleep(2.0)                                  # stalls while B is alive: B is never blamed for them
+        assert suspected == []
+        b.stop()
+        wait_for(lambda: suspected == [b_addr], timeout=40)
+    finally:
+        a.stop()
+        b.stop()
