@@ -1,6 +1,6 @@
 """`JobSyncObj`: pysyncobj 0.3.17's SyncObj with Raft's log rules restored and every applied entry observed.
 
-Owns four narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
+Owns five narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
 
 1. Follower: `SyncObj.__onMessageReceived`, branch `append_entries` with `prevLogIdx`, deletes every entry after
    `prevLogIdx` whenever its log is longer (`if len(prevEntries) > 1: ... self.__deleteEntriesFrom(prevLogIdx
@@ -23,7 +23,12 @@ Owns four narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 1
    another leader for the same index (a log-matching violation after every agent left at once). Here a change
    is refused while the previous one this leader appended in its term is not applied; the pysyncobj check that
    the new leader's no-op committed first (the single-server-change bug in Raft's dissertation) stays.
-5. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
+5. Leader: new entries and a new commit index go out at once. pysyncobj sends appends only every
+   `appendEntriesPeriod` (the period is also the idle heartbeat), so each commit waited up to two periods and a
+   short period (fast commits) cost idle CPU on every node. Here the leader sends right after it appended
+   commands or advanced its commit index, so the period only paces idle heartbeats. A batch sent again before
+   its ack is harmless with 1 and 2 above.
+6. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
    command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
    node grants passes through `on_vote(term, candidate, request)` (for the trace).
 Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
@@ -125,7 +130,20 @@ class JobSyncObj(SyncObj):
         others = self.otherNodes
         return not others or any(self.isNodeConnected(node) for node in others)
 
-    # --- 5: observing applied entries ---------------------------------------------------------------
+    # --- 5: send at once what followers are waiting for ---------------------------------------------
+
+    def _checkCommandsToApply(self):                           # overrides SyncObj._checkCommandsToApply
+        before = self._SyncObj__getCurrentLogIndex()
+        super()._checkCommandsToApply()
+        if self._isLeader() and self._SyncObj__getCurrentLogIndex() != before:
+            self._SyncObj__sendAppendEntries()
+
+    def _SyncObj__applyLogEntries(self):                        # overrides SyncObj.__applyLogEntries
+        before = self.raftLastApplied
+        need_send = super()._SyncObj__applyLogEntries()
+        return need_send or (self._isLeader() and self.raftLastApplied != before)
+
+    # --- 6: observing applied entries ---------------------------------------------------------------
 
     def _SyncObj__doApplyCommand(self, command):              # overrides SyncObj.__doApplyCommand
         index = self.raftLastApplied + 1
