@@ -53,7 +53,7 @@ __all__ = ["Agent", "AgentConfig", "JoinError", "PORTS_PER_AGENT", "port_of"]
 PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # from the control port (README)
 PORTS_PER_AGENT = len(PORT_OFFSETS)
 SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
-DRIVER_TURN_S = 0.05
+DRIVER_TURN_S = 0.25            # the driver's longest wait; a new Raft view or any event wakes it at once
 
 
 def port_of(control_addr: str, role: str) -> str:
@@ -111,6 +111,8 @@ class Agent:
         self._leave_requested = threading.Event()
         self.membership = RaftMembership(config.job, self.addr, config.peers, config.secret, config.raft, self.trace,
                                          stopping=self._leave_requested.is_set)
+        self._view_wake = threading.Event()       # a "view" event is queued and not yet taken by the driver
+        self.membership.on_view = self._wake_driver
         self.incarnation: int | None = None       # incarnation of this peer's current member (registered)
         self.app: Application | None = None
         self.app_attached = False
@@ -261,6 +263,13 @@ class Agent:
 
     # --- the driver --------------------------------------------------------------------------------
 
+    def _wake_driver(self) -> None:
+        """A node published a new view (an entry applied, a leader or term change): the driver looks now. At
+        most one such wake-up is queued at a time."""
+        if not self._view_wake.is_set():
+            self._view_wake.set()
+            self._events.put(("view",))
+
     def _drive(self) -> None:
         last = time.monotonic()
         while not self._stopped.is_set():
@@ -283,7 +292,9 @@ class Agent:
     def _handle(self, event: tuple) -> bool:
         """Handle one event; True when the agent is done."""
         kind = event[0]
-        if kind == "leave":
+        if kind == "view":
+            self._view_wake.clear()
+        elif kind == "leave":
             self._leave()
             return True
         if kind == "app_exited":

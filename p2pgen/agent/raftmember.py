@@ -90,8 +90,12 @@ class RaftMembership:
         self.waiting: str | None = "joining the job"
         self._waiting_since: float | None = None
         self._last_waiting_log = 0.0
+        self.on_view: Callable[[], None] = lambda: None    # called after every new view of any node of ours
 
     # --- what others see ---------------------------------------------------------------------------
+
+    def _view_changed(self) -> None:
+        self.on_view()
 
     def view(self) -> RaftView | None:
         node = self.node
@@ -186,7 +190,8 @@ class RaftMembership:
 
     def _launch(self, node_id: str | None, voters: list[str], why: str) -> bool:
         """Start a node and wait until it caught up with a leader; True when it did (it is then `node`)."""
-        node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace, self.epoch)
+        node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace, self.epoch,
+                        on_view=self._view_changed)
         self._launching = node                  # from now on `hello` names this node's id, never a fresh one
         try:
             if node_id is not None and node_id == self.formation_id:
@@ -247,7 +252,7 @@ class RaftMembership:
             if self.node is None or not self.caught_up():
                 raise P2PGenError(f"agent {self.addr} is not caught up with the job: it cannot become a voter now")
             pending = RaftNode(self.job, new_node_id(self.raft_addr), voters, self.secret, self.timing, self.trace,
-                               self.epoch)
+                               self.epoch, on_view=self._view_changed)
             pending.start()
             self._pending, self._pending_since = pending, time.monotonic()
         log.info("prepared voter %s for promotion", pending.node_id)

@@ -123,12 +123,14 @@ class RaftNode:
     member that dials the voters, receives the log and submits commands through the leader."""
 
     def __init__(self, job: str, node_id: str | None, voters: list[str], secret: bytes,
-                 timing: RaftTiming = RaftTiming(), trace: Trace | None = None, epoch: int = 0) -> None:
+                 timing: RaftTiming = RaftTiming(), trace: Trace | None = None, epoch: int = 0,
+                 on_view: Callable[[], None] = lambda: None) -> None:
         self.job = job
         self.node_id = node_id
         self.timing = timing
         self._voters = sorted(v for v in voters if v != node_id)
         self.epoch = epoch
+        self._on_view = on_view                   # called (on the node's thread) after each new view
         self._password = derive_key(secret, job, raft_purpose(epoch)).hex()
         self._state = JobState(job)
         self._trace = trace or Trace(None, "", "", "")
@@ -379,6 +381,7 @@ class RaftNode:
         with self._view_changed:
             self._view = view
             self._view_changed.notify_all()
+        self._on_view()
 
     def _fresh_leader(self) -> str | None:
         """The leader's node id, if this node heard from it within the election timeout (or is it)."""
