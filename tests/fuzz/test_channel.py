@@ -14,13 +14,14 @@ from __future__ import annotations
 import itertools
 import socket
 
+import msgpack
 import pytest
 from hypothesis import given, strategies as st
 
 from p2pgen import auth
 from p2pgen.channel import Channel, ChannelConfig, ChannelListener, Endpoint
 from p2pgen.channel.receiver import COUNTERS
-from p2pgen.channel.wire import DATA, LOG, MAX_CONTROL, OPEN, RAW, Stamp, recv_control, send_control, write_frame
+from p2pgen.channel.wire import DATA, LOG, MAX_CONTROL, OPEN, RAW, Stamp, recv_control, send_control
 from p2pgen.errors import P2PGenError
 from p2pgen.testing.rogue import RoguePeer
 from p2pgen.transport import frame, handshake
@@ -150,7 +151,6 @@ def _frame(kind: int, generation: int = 0, incarnation: int = SENDER[1], job: st
 
 
 def _open(**kw) -> bytes:
-    import msgpack
     return _frame(OPEN, payload=msgpack.packb({"mode": "exactly_once"}), **kw)
 
 
