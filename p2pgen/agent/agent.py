@@ -609,6 +609,7 @@ class Agent:
             "agent": {"peer_id": self.config.peer_id, "addr": self.addr, "instance": self.instance,
                       "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
                       "restarts": self.restarts, "refused_connections": self.rpc.refused,
+                      "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},
                       "waiting": self.membership.waiting},
         }
 

@@ -181,6 +181,9 @@ def format_show(shown: dict[str, Any]) -> str:
              "non-voting: " + (", ".join(raft["nonvoters"]) or "none"),
              f"this agent: {agent['addr']} as {'voter ' + raft['self'] if raft['voter'] else 'a non-voting member'}"
              + (f"; waiting: {agent['waiting']}" if agent.get("waiting") else "")]
+    refused = format_refusals(agent.get("refusals", {}))
+    if refused:
+        lines.append("refused:    " + refused)
     cert = state["active"]
     if cert is None:
         lines.append("no active generation yet")
@@ -220,6 +223,17 @@ def format_show(shown: dict[str, Any]) -> str:
         if pending.get("hold"):
             lines.append(format_hold(pending["hold"]))
     return "\n".join(lines)
+
+
+def format_refusals(refusals: dict[str, dict[str, int]]) -> str:
+    """What this agent's listeners refused, by reason (only reasons seen), e.g.
+    "rpc auth_failed=2 truncated=1; heartbeat forged=5"; empty when nothing was refused."""
+    parts = []
+    for listener, counts in sorted(refusals.items()):
+        seen = " ".join(f"{reason}={n}" for reason, n in sorted(counts.items()) if n)
+        if seen:
+            parts.append(f"{listener} {seen}")
+    return "; ".join(parts)
 
 
 def format_hold(hold: dict[str, Any], now: float | None = None) -> str:

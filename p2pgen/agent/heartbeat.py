@@ -14,7 +14,10 @@ Invariants kept:
   one already suspected stays suspected until it is heard again;
 - each suspicion is reported once until the peer is heard from again;
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
-  the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector.
+  the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
+- a replayed heartbeat (one not newer than the last heard from its process, or from a process already
+  replaced at that address) changes nothing: it can neither keep a dead process alive nor report a live
+  one as replaced. Every packet dropped is counted under a reason (`refusals()`, shown by `p2pgen show`).
 """
 
 from __future__ import annotations
@@ -30,10 +33,14 @@ import msgpack
 
 from p2pgen.auth import prove, verify
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
+from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
 
 TAG_BYTES = 32
+MAX_PACKET = 4096
+RETIRED_KEPT = 16                 # replaced instances remembered per address
+REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,9 @@ class HeartbeatRunner:
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
         self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
+        self._last_seq: dict[str, tuple[str, int]] = {}  # address -> (instance, highest seq) (receive thread)
+        self._retired: dict[str, list[str]] = {}         # address -> instances replaced there (receive thread)
+        self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
         self._sock.settimeout(config.heartbeat_interval / 2)
@@ -84,6 +94,10 @@ class HeartbeatRunner:
         with self._lock:
             self._joined -= self._reported
             return set(self._joined)
+
+    def refusals(self) -> dict[str, int]:
+        """Heartbeat packets dropped, by reason."""
+        return self.counters.snapshot()
 
     def heard(self) -> dict[str, Announcement]:
         """The last announcement of every agent heard from and not suspected since."""
@@ -159,28 +173,34 @@ class HeartbeatRunner:
         flags = 0
         for _ in range(1024):
             try:
-                packet, _ = self._sock.recvfrom(4096, flags)
+                packet, _ = self._sock.recvfrom(MAX_PACKET + 1, flags)
             except (socket.timeout, BlockingIOError, OSError):
                 return
             flags = socket.MSG_DONTWAIT
             self._take(packet, targets)
 
+    def _drop(self, reason: str, detail: str) -> None:
+        self.counters.add(reason)
+        log.debug("dropped a heartbeat (%s): %s", reason, detail)
+
     def _take(self, packet: bytes, targets: set[str]) -> None:
+        if len(packet) > MAX_PACKET:
+            return self._drop("oversized", f"a packet of more than {MAX_PACKET} bytes")
         body, tag = packet[:-TAG_BYTES], packet[-TAG_BYTES:]
         if len(packet) <= TAG_BYTES or not verify(self.key, tag, body):
-            log.debug("dropped an unsigned or forged heartbeat")
-            return
+            return self._drop("forged", "not signed with this job's heartbeat key")
         try:
-            job, sender, _seq, instance, node, eligible = msgpack.unpackb(body)
+            job, sender, seq, instance, node, eligible = msgpack.unpackb(body)
             heard = Announcement(str(instance), str(node), bool(eligible))
             _, colon, port = sender.rpartition(":")
-            if not (colon and port.isdigit()):
-                raise ValueError(f"sender {sender!r} is not HOST:PORT")
-        except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
-            log.debug("dropped a malformed heartbeat")
-            return
-        if job != self.job or sender == self.self_addr:
-            return
+            if not (colon and port.isdigit()) or not isinstance(seq, int):
+                raise ValueError(f"sender {sender!r} is not HOST:PORT or seq {seq!r} is not an integer")
+        except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as e:
+            return self._drop("malformed", str(e))
+        if job != self.job:
+            return self._drop("wrong_job", f"a heartbeat of job {job!r}")
+        if sender == self.self_addr or self._replayed(sender, heard.instance, seq):
+            return self._drop("replayed", f"heartbeat {seq} of {sender} ({heard.instance}) was heard before")
         if sender not in targets:
             with self._lock:
                 self._joined.add(sender)             # a target from the next round on
@@ -192,6 +212,18 @@ class HeartbeatRunner:
             self._history.forget(sender)          # the new process is judged afresh
             self._on_replaced(sender, before.instance, heard.instance)
         self._history.record(sender, time.monotonic())
+
+    def _replayed(self, sender: str, instance: str, seq: int) -> bool:
+        """Whether this heartbeat is not newer than the last one of its process, or comes from a process
+        already replaced at `sender`; otherwise remember it as the newest."""
+        retired = self._retired.setdefault(sender, [])
+        last = self._last_seq.get(sender)
+        if instance in retired or (last is not None and last[0] == instance and seq <= last[1]):
+            return True
+        if last is not None and last[0] != instance:
+            retired[:] = (retired + [last[0]])[-RETIRED_KEPT:]
+        self._last_seq[sender] = (instance, seq)
+        return False
 
     def _judge(self, targets: set[str], now: float) -> None:
         for peer, reason in suspects(now, self._history, self.config).items():

@@ -4,6 +4,9 @@ Owns: framing (4-byte length + msgpack map, bounded size), the mutual challenge-
 and the request loop. Invariant kept (I8): no request is served on a connection whose peer has not
 proved knowledge of the job secret, and a client never trusts an agent that has not proved it either.
 The secret never crosses the wire; a bad proof closes the connection with a reason both sides can read.
+Every connection refused (bad proof, malformed, oversized or truncated frame, a handshake not finished
+within `handshake_timeout`) and every malformed request is counted once under a reason (`refusals()`,
+shown by `p2pgen show`); closing the server closes its connections and waits for their threads.
 
 Handshake:  server -> {hello, job, nonce_s};  client -> {nonce_c, proof_c = HMAC(k, "client", nonce_s, nonce_c)};
             server -> {proof_s = HMAC(k, "server", nonce_c, nonce_s)} or {error}.  k = derive_key(secret, job, "control").
@@ -22,16 +25,30 @@ import msgpack
 
 from p2pgen.auth import derive_key, insecure_default_secret, new_nonce, prove, verify
 from p2pgen.errors import AuthenticationError, P2PGenError, ProtocolError
+from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
 
 MAX_FRAME = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
 Handler = Callable[[dict[str, Any]], Any]
+REASONS = ("auth_failed", "malformed", "oversized", "truncated", "unknown_method")
 
 
 class RpcError(P2PGenError):
     """The remote agent refused the request; the message says why."""
+
+
+class FrameRefused(ProtocolError):
+    """A frame this side will not read; `reason` is one of REASONS."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class TruncatedFrame(ConnectionError):
+    """The other side closed the connection in the middle of a frame."""
 
 
 def send_frame(sock: socket.socket, obj: Any) -> None:
@@ -42,21 +59,26 @@ def send_frame(sock: socket.socket, obj: Any) -> None:
 
 
 def recv_frame(sock: socket.socket) -> Any:
-    (length,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    """The next frame's value. ConnectionError if the other side closed between frames, TruncatedFrame
+    (a ConnectionError) if it closed inside one, FrameRefused (a ProtocolError) if the frame is too long
+    or not msgpack."""
+    (length,) = HEADER.unpack(_recv_exact(sock, HEADER.size, start_of_frame=True))
     if length > MAX_FRAME:
-        raise ProtocolError(f"announced frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+        raise FrameRefused("oversized", f"announced frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
     try:
         return msgpack.unpackb(_recv_exact(sock, length), raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as e:
-        raise ProtocolError(f"malformed frame: {e}") from e
+    except (ValueError, TypeError, msgpack.UnpackException) as e:   # TypeError: a map key that is a map or list
+        raise FrameRefused("malformed", f"malformed frame: {e}") from e
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, start_of_frame: bool = False) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise ConnectionError("connection closed by the other side")
+            if start_of_frame and not buf:
+                raise ConnectionError("connection closed by the other side")
+            raise TruncatedFrame(f"connection closed by the other side inside a frame ({len(buf)} of {n} bytes)")
         buf += chunk
     return bytes(buf)
 
@@ -64,16 +86,24 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 class RpcServer:
     """Serves `handlers[method](params)` to authenticated clients, one thread per connection."""
 
-    def __init__(self, host: str, port: int, job: str, secret: bytes, handlers: dict[str, Handler]) -> None:
+    def __init__(self, host: str, port: int, job: str, secret: bytes, handlers: dict[str, Handler],
+                 handshake_timeout: float = 5.0) -> None:
         self.job = job
         self.key = derive_key(secret, job, "control")
         self.handlers = handlers
-        self.refused = 0            # connections refused for a bad proof (I8)
+        self.handshake_timeout = handshake_timeout
+        self.counters = RejectCounters(REASONS)
+        self._conns: dict[socket.socket, threading.Thread] = {}   # open connections (guarded by _lock)
+        self._lock = threading.Lock()
         server = self
 
         class _Conn(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                server._serve(self.request, self.client_address)
+                server._track(self.request)
+                try:
+                    server._serve(self.request, self.client_address)
+                finally:
+                    server._untrack(self.request)
 
         class _Server(socketserver.ThreadingTCPServer):
             allow_reuse_address = True
@@ -87,21 +117,62 @@ class RpcServer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop accepting, close every open connection and wait (briefly) for their threads."""
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            conns = dict(self._conns)
+        for sock, thread in conns.items():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            thread.join(2.0)
+
+    @property
+    def refused(self) -> int:
+        """Connections and requests refused so far, all reasons together."""
+        return sum(self.counters.snapshot().values())
+
+    def refusals(self) -> dict[str, int]:
+        """Refused connections and requests by reason."""
+        return self.counters.snapshot()
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._conns[sock] = threading.current_thread()
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._conns.pop(sock, None)
+
+    def _refuse(self, peer: tuple, reason: str, detail: str) -> None:
+        self.counters.add(reason)
+        log.warning("refused control connection from %s (%s): %s", peer, reason, detail)
 
     def _serve(self, sock: socket.socket, peer: tuple) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.handshake_timeout)
         try:
             if not self._authenticate(sock, peer):
                 return
+        except FrameRefused as e:
+            return self._refuse(peer, e.reason, str(e))
+        except ProtocolError as e:
+            return self._refuse(peer, "malformed", str(e))
+        except OSError as e:      # ConnectionError, TruncatedFrame, the handshake timeout
+            return self._refuse(peer, "truncated", f"handshake not completed: {e!r}")
+        sock.settimeout(None)
+        try:
             while True:
                 request = recv_frame(sock)
                 send_frame(sock, self._dispatch(request))
-        except (ConnectionError, OSError):
+        except FrameRefused as e:
+            self._refuse(peer, e.reason, str(e))
+        except TruncatedFrame as e:
+            self._refuse(peer, "truncated", str(e))
+        except OSError:
             return
-        except ProtocolError as e:
-            log.warning("closing control connection from %s: %s", peer, e)
 
     def _authenticate(self, sock: socket.socket, peer: tuple) -> bool:
         nonce_s = new_nonce()
@@ -109,8 +180,7 @@ class RpcServer:
         reply = recv_frame(sock)
         nonce_c, proof = _field(reply, "nonce", bytes), _field(reply, "proof", bytes)
         if not verify(self.key, proof, b"client", nonce_s, nonce_c):
-            self.refused += 1
-            log.warning("refused control connection from %s: wrong job secret", peer)
+            self._refuse(peer, "auth_failed", "wrong job secret")
             send_frame(sock, {"error": f"authentication failed: you do not hold the secret of job {self.job!r} "
                                        "(check --secret-file)"})
             return False
@@ -118,12 +188,14 @@ class RpcServer:
         return True
 
     def _dispatch(self, request: Any) -> dict[str, Any]:
-        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+        params = (request.get("params") or {}) if isinstance(request, dict) else None
+        if not isinstance(params, dict) or not isinstance(request.get("method"), str):
+            self.counters.add("malformed")
             return {"ok": False, "error": "a request is a map with a string 'method' and a map 'params'"}
         handler = self.handlers.get(request["method"])
         if handler is None:
+            self.counters.add("unknown_method")
             return {"ok": False, "error": f"unknown method {request['method']!r}; known: {sorted(self.handlers)}"}
-        params = request.get("params") or {}
         try:
             return {"ok": True, "result": handler(params)}
         except (P2PGenError, ValueError, KeyError, TypeError) as e:

@@ -72,23 +72,27 @@ def send_control(sock: socket.socket, kind: int, stamp: Stamp, body: dict) -> No
 
 
 def recv_control(sock: socket.socket, kind: int, stamp: Stamp) -> dict:
-    """Read one control frame of `kind` stamped exactly `stamp`; ProtocolError on anything else."""
+    """Read one control frame of `kind` stamped exactly `stamp`; Rejected (a ProtocolError, with the reason
+    to count it under) on anything else: a replayed frame of another generation or incarnation says so."""
     raw = bytearray(frame.HEADER_BYTES)
     read_exact(sock, memoryview(raw))
     h = parse_header(raw, MAX_CONTROL)
     body = bytearray(h.length)
     read_exact(sock, memoryview(body))
     if not frame.verify(raw, body, h):
-        raise ProtocolError("control frame failed its checksum")
-    if h.kind != kind or Stamp(h.job_tag, h.generation, h.incarnation) != stamp:
-        raise ProtocolError(f"expected control frame kind {kind} stamped {stamp}, got kind {h.kind} "
-                            f"stamped ({h.job_tag}, {h.generation}, {h.incarnation})")
+        raise Rejected("bad_checksum", "control frame failed its checksum")
+    got = Stamp(h.job_tag, h.generation, h.incarnation)
+    if h.kind != kind or got != stamp:
+        reason = ("malformed" if h.kind != kind or got.tag != stamp.tag else
+                  "stale_generation" if got.generation != stamp.generation else "wrong_incarnation")
+        raise Rejected(reason, f"expected control frame kind {kind} stamped {stamp}, got kind {h.kind} "
+                               f"stamped ({h.job_tag}, {h.generation}, {h.incarnation})")
     try:
         msg = msgpack.unpackb(bytes(body))
-    except (ValueError, msgpack.UnpackException) as e:
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise Rejected("malformed", f"control frame is not msgpack: {e}") from None
     if not isinstance(msg, dict):
-        raise ProtocolError(f"control frame holds a {type(msg).__name__}, not a map")
+        raise Rejected("malformed", f"control frame holds a {type(msg).__name__}, not a map")
     return msg
 
 

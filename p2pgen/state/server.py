@@ -173,8 +173,9 @@ class StateServer:
             self.counters.add(e.reason)
             log.warning("state server %s refused a puller: %s", self.me, e)
             handshake.refuse(sock, e)
-        except OSError as e:
-            log.info("state server %s: handshake aborted: %r", self.me, e)
+        except OSError as e:      # the handshake timeout, or a reset: counted like a peer that hung up
+            self.counters.add("truncated")
+            log.warning("state server %s refused a puller (truncated): handshake not completed: %r", self.me, e)
         return None
 
     def _decide(self, hello: handshake.Hello) -> tuple[str, str] | None:

@@ -1,4 +1,5 @@
-"""Counters of rejected frames and connections, by reason; readable by tests and the step loop.
+"""Counters of rejected frames, connections and packets, by reason; readable by tests, the step loop and
+`p2pgen show`.
 
 Invariant: every frame or connection the transport refuses is counted exactly once under one reason
 (I2, I3, I8 ask for rejections to be counted, never silently dropped).
@@ -13,13 +14,16 @@ REASONS = ("stale_generation", "wrong_incarnation", "bad_checksum", "oversized",
 
 
 class RejectCounters:
-    def __init__(self) -> None:
+    """Counts by reason; `reasons` is the closed set a listener may count under (the data plane's by default;
+    the agent's RPC server and heartbeats pass their own)."""
+
+    def __init__(self, reasons: tuple[str, ...] = REASONS) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(REASONS, 0)
+        self._counts = dict.fromkeys(reasons, 0)
 
     def add(self, reason: str) -> None:
         if reason not in self._counts:
-            raise ValueError(f"unknown reject reason {reason!r}; known: {REASONS}")
+            raise ValueError(f"unknown reject reason {reason!r}; known: {tuple(self._counts)}")
         with self._lock:
             self._counts[reason] += 1
 

@@ -41,3 +41,12 @@ def test_a_regressed_generation_is_shown_with_its_recovery_line():
     assert "state:    epoch 2, from checkpoint; if it would regress: wait 10 s, then refuse a fresh start" in text
     assert "RECOVERY: REGRESSED from certified revision 50 to revision 40 (10 committed step(s) lost)" in text
     assert "checkpoint" in text.split("RECOVERY")[1]
+
+
+def test_refusals_of_the_agents_listeners_are_shown_by_reason_only_when_there_are_some():
+    m = machine_with_lost_state()
+    quiet = {**AGENT, "refusals": {"rpc": {"auth_failed": 0}, "heartbeat": {"forged": 0}}}
+    assert "refused:" not in format_show({"state": state_json(m), "raft": RAFT, "agent": quiet})
+    noisy = {**AGENT, "refusals": {"rpc": {"auth_failed": 1, "truncated": 0}, "heartbeat": {"replayed": 2, "forged": 3}}}
+    text = format_show({"state": state_json(m), "raft": RAFT, "agent": noisy})
+    assert "refused:    heartbeat forged=3 replayed=2; rpc auth_failed=1" in text

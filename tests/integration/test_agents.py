@@ -136,3 +136,4 @@ def test_wrong_secret_is_refused_and_changes_nothing(cluster, tmp_path):
     assert after["raft"]["nodes"] == show["raft"]["nodes"]
     assert after["state"]["pending"] is None
     assert after["agent"]["refused_connections"] >= 1
+    assert after["agent"]["refusals"]["rpc"]["auth_failed"] >= 1     # what `p2pgen show` prints as "refused:"
