@@ -28,6 +28,12 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def runner(addr: str, targets, on_suspect) -> HeartbeatRunner:
+    host, _, port = addr.rpartition(":")
+    return HeartbeatRunner(host, int(port), KEY, "job", addr, CONFIG, targets, on_suspect,
+                           announce=lambda: Announcement("i-" + addr, "", False))
+
+
 @pytest.mark.timeout(30)
 def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
     a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
@@ -40,11 +46,6 @@ def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
             time.sleep(1.0)                          # this agent's thread starved for 5 floors
             stalled.set()
         return {b_addr}
-
-    def runner(addr: str, targets, on_suspect) -> HeartbeatRunner:
-        host, _, port = addr.rpartition(":")
-        return HeartbeatRunner(host, int(port), KEY, "job", addr, CONFIG, targets, on_suspect,
-                               announce=lambda: Announcement("i-" + addr, "", False))
 
     a = runner(a_addr, targets_of_a, lambda peer, instance, why: suspected.append(peer))
     b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
@@ -78,11 +79,6 @@ def test_an_agent_that_keeps_stalling_still_convicts_a_dead_peer():
         if stalling.is_set() and rounds[0] % 2:
             time.sleep(0.3)                              # longer than the floor, shorter than the timeout
         return {b_addr}
-
-    def runner(addr: str, targets, on_suspect) -> HeartbeatRunner:
-        host, _, port = addr.rpartition(":")
-        return HeartbeatRunner(host, int(port), KEY, "job", addr, CONFIG, targets, on_suspect,
-                               announce=lambda: Announcement("i-" + addr, "", False))
 
     a = runner(a_addr, targets_of_a, lambda peer, instance, why: suspected.append(peer))
     b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
