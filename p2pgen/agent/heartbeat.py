@@ -27,6 +27,7 @@ from typing import Callable
 
 import msgpack
 
+from p2pgen import faults
 from p2pgen.auth import prove, verify
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 
@@ -140,6 +141,8 @@ class HeartbeatRunner:
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible])
         packet = body + prove(self.key, body)
         for target in targets:
+            if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
+                continue
             host, _, port = target.rpartition(":")
             try:
                 self._sock.sendto(packet, (host, int(port)))
@@ -171,7 +174,7 @@ class HeartbeatRunner:
         except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
             log.debug("dropped a malformed heartbeat")
             return
-        if job != self.job or sender == self.self_addr:
+        if job != self.job or sender == self.self_addr or faults.blocked(sender, self.self_addr):
             return
         if sender not in targets:
             with self._lock:
