@@ -250,3 +250,38 @@ def _cmd_heal(args) -> int:
     heal(args.file)
     print(f"healed: nothing is dropped (rules in {args.file})")
     return 0
+
+
+# --- what a partition must not do: the check `p2pgen chaos` and `p2pgen stress` apply -----------------------
+
+IN_FLIGHT_S = 0.5            # a step whose frames were all sent before the cut may still be logged this late
+
+
+@dataclass(frozen=True)
+class Window:
+    """One partition as it happened: wall times of the cut and of the heal, and its minority side."""
+
+    cut: float
+    healed: float
+    agents: frozenset[str]           # control addresses of the minority's agents
+    peers: frozenset[str]            # their peer ids
+    one_way: bool = False
+
+
+def minority_violations(windows: Iterable[Window], commits: Iterable[tuple[float, str]],
+                        leaders: Iterable[tuple[float, str]]) -> list[str]:
+    """Evidence that a minority side made progress of its own while it was cut off, one line per finding:
+    a step committed by a minority peer (`commits`: (wall time, peer id)) or a Raft leader elected on a minority
+    agent (`leaders`: (wall time, agent address), the traces' `leader` records) between the cut (plus
+    IN_FLIGHT_S) and the heal. Empty: the minority activated and committed nothing."""
+    out = []
+    commits, leaders = list(commits), list(leaders)
+    for w in windows:
+        side = "one-way" if w.one_way else "symmetric"
+        for t, peer in commits:
+            if peer in w.peers and w.cut + IN_FLIGHT_S < t < w.healed:
+                out.append(f"minority peer {peer} committed a step {t - w.cut:.2f} s into a {side} partition")
+        for t, agent in leaders:
+            if agent in w.agents and w.cut + IN_FLIGHT_S < t < w.healed:
+                out.append(f"minority agent {agent} became Raft leader {t - w.cut:.2f} s into a {side} partition")
+    return out

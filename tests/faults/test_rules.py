@@ -114,3 +114,13 @@ def test_the_cli_writes_and_heals_the_rules(tmp_path, capsys):
     assert faults.read_rules(path).drop == frozenset()
     with pytest.raises(SystemExit, match="at least two"):
         main(["fault", "partition", str(path), "--side", A])
+
+
+def test_minority_progress_inside_a_window_is_evidence_and_outside_it_is_not():
+    w = faults.Window(100.0, 110.0, frozenset({A}), frozenset({"p3"}))
+    commits = [(100.2, "p3"), (101.0, "p0"), (105.0, "p3"), (111.0, "p3")]
+    leaders = [(99.0, A), (104.0, B), (106.0, A)]
+    found = faults.minority_violations([w], commits, leaders)
+    assert found == ["minority peer p3 committed a step 5.00 s into a symmetric partition",
+                     f"minority agent {A} became Raft leader 6.00 s into a symmetric partition"]
+    assert faults.minority_violations([w], commits[:2] + commits[3:], leaders[:2]) == []
