@@ -101,11 +101,12 @@ class Cluster:
 
     def start(self, peer_id: str, addr: str, peers: list[str], command: list[str] | None = None,
               extra: tuple[str, ...] = (), secret_file: Path | None = None,
-              env: dict[str, str] | None = None) -> AgentProc:
+              env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> AgentProc:
         """Start `p2pgen join` for `peer_id` at `addr`; `env` is added to this process's environment (the
-        agent hands it on to its application)."""
+        agent hands it on to its application); `prefix` runs it through another command that execs it
+        (`ip netns exec NS`), so the pid is still the agent's."""
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
-        cmd = [sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
+        cmd = [*prefix, sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
                "--secret-file", str(secret_file or self.secret_file), "--local-state-dir", str(self.tmp / "local-state"),
                *self.detect, *extra]
         cmd += [f"--peer={p}" for p in peers]
