@@ -7,7 +7,11 @@ Five agents train the exact integer mini-training (every agent a voter). Agents 
 - the majority continues: it activates a generation without the minority and keeps committing steps;
 - after the heal the minority's applications come back as new incarnations, pull, and every member ends equal to
   the serial reference (equal digests); the Raft trace checker finds no violation.
-The time from the heal to the minority being active again is printed (README, "Partitions").
+The time from the heal to the minority being active again is printed (README, "Partitions as a fault").
+The third case, a minority that can send but not hear, is a known liveness bug (xfail, strict): the majority keeps
+hearing the deaf agents' heartbeats, so nobody evicts them, while they, hearing no leader, cannot vote `ready`
+for the re-form their failed collectives requested; the job stalls until the heal, and the deaf nodes' election
+timeouts keep raising the Raft term.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ def certificates(cluster, addr: str) -> list[dict]:
         return [h["certificate"] for h in c.history() if h["certificate"]]
 
 
-def run_partition(cluster, tmp_path, monkeypatch, one_way: bool) -> dict[str, float]:
+def run_partition(cluster, tmp_path, monkeypatch, mode: str) -> dict[str, float]:
+    """mode: `both` (symmetric), `mute` (what the minority sends is dropped), `deaf` (what it receives is)."""
     dirs = {n: tmp_path / n for n in ("summaries", "traces", "markers")}
     for d in dirs.values():
         d.mkdir()
@@ -61,7 +66,10 @@ def run_partition(cluster, tmp_path, monkeypatch, one_way: bool) -> dict[str, fl
 
     majority, minority = addrs[:3], addrs[3:]
     before = generation_of(cluster.wait(addrs[0], lambda s: active(s) is not None))
-    faults.write_partition(rules, [minority, majority], one_way=one_way)
+    if mode == "deaf":
+        faults.write_partition(rules, [majority, minority], one_way=True)
+    else:
+        faults.write_partition(rules, [minority, majority], one_way=mode == "mute")
     cut_at = time.monotonic()
     show = cluster.wait(addrs[0], lambda s: generation_of(s) > before and {p for p, _ in active_members(s)}
                         == set(PEERS[:3]), 60)
@@ -69,7 +77,7 @@ def run_partition(cluster, tmp_path, monkeypatch, one_way: bool) -> dict[str, fl
     during = generation_of(show)
     at_activation = committed(dirs["traces"])
     cluster.wait_until(lambda: committed(dirs["traces"]) >= at_activation + 10, 60, "the majority committing steps")
-    if not one_way:                     # the minority hears nothing: it cannot even learn of the new generation
+    if mode == "both":                  # the minority hears nothing: it cannot even learn of the new generation
         for addr in minority:
             with cluster.client(addr) as c:
                 assert generation_of(c.show()) <= before
@@ -89,15 +97,22 @@ def run_partition(cluster, tmp_path, monkeypatch, one_way: bool) -> dict[str, fl
     assert len({f["digest"] for f in finals}) == 1
     result = checker.check_dir(dirs["traces"])
     assert result.passed, result.render()
-    print(f"\npartition {'one-way' if one_way else 'symmetric'} 2|3: " +
+    print(f"\npartition {mode} 2|3: " +
           ", ".join(f"{k}={v:.2f}" for k, v in figures.items()))
     return figures
 
 
 def test_a_symmetric_partition_2_3_leaves_the_majority_training_and_the_minority_rejoins(cluster, tmp_path,
                                                                                         monkeypatch):
-    run_partition(cluster, tmp_path, monkeypatch, one_way=False)
+    run_partition(cluster, tmp_path, monkeypatch, "both")
 
 
 def test_a_minority_that_can_hear_but_not_speak_activates_nothing_and_rejoins(cluster, tmp_path, monkeypatch):
-    run_partition(cluster, tmp_path, monkeypatch, one_way=True)
+    run_partition(cluster, tmp_path, monkeypatch, "mute")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known bug: a minority that cannot hear is never evicted (its heartbeats are heard) and "
+                          "cannot vote ready (it knows no leader): the re-form waits for it until the heal")
+def test_a_minority_that_can_speak_but_not_hear_is_left_behind_by_the_majority(cluster, tmp_path, monkeypatch):
+    run_partition(cluster, tmp_path, monkeypatch, "deaf")
