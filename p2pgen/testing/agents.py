@@ -44,7 +44,8 @@ def port_range() -> tuple[int, int]:
     if not spec:
         return PORT_LOW, PORT_HIGH
     low, _, high = spec.partition("-")
-    if not (low.isdigit() and high.isdigit() and 1024 <= int(low) and int(low) + 10 * PORTS_PER_AGENT <= int(high) < 32768):
+    if not (low.isdigit() and high.isdigit()
+            and 1024 <= int(low) and int(low) + 10 * PORTS_PER_AGENT <= int(high) < 32768):
         raise ValueError(f"P2PGEN_TEST_PORTS={spec!r}: expected LOW-HIGH, 1024 <= LOW, LOW + 50 <= HIGH < 32768")
     return int(low), int(high)
 
@@ -106,8 +107,9 @@ class Cluster:
         agent hands it on to its application); `prefix` runs it through another command that execs it
         (`ip netns exec NS`), so the pid is still the agent's."""
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
-        cmd = [*prefix, sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
-               "--secret-file", str(secret_file or self.secret_file), "--local-state-dir", str(self.tmp / "local-state"),
+        cmd = [*prefix, sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id,
+               "--listen", addr, "--secret-file", str(secret_file or self.secret_file),
+               "--local-state-dir", str(self.tmp / "local-state"),
                *self.detect, *extra]
         cmd += [f"--peer={p}" for p in peers]
         if command:

@@ -56,7 +56,8 @@ def run_partition(cluster, tmp_path, monkeypatch, mode: str) -> dict[str, float]
                        ("P2PGEN_SUMMARY_DIR", dirs["summaries"]), ("P2PGEN_TRACE_DIR", dirs["traces"]),
                        (faults.ENV, rules)):
         monkeypatch.setenv(key, str(value))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
     addrs = [f"127.0.0.1:{p}" for p in free_control_ports(5)]
     for peer, addr in zip(PEERS, addrs):
         cluster.start(peer, addr, [a for a in addrs if a != addr], command=APP,
