@@ -1,4 +1,4 @@
-"""The `p2pgen` command line: `join | show | history | bench | sim | chaos | stress ...`.
+"""The `p2pgen` command line: `join | show | history | bench | sim | chaos | stress | fault ...`.
 
 Owns: argument parsing and dispatch only. Each command family lives in its own module, which exposes
 `add_commands(subparsers)`; a sub-parser stores its handler as `func`, called with the parsed args and
@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "p2pgen.bench.cli",
     "p2pgen.chaos.cli",
     "p2pgen.stress.cli",  # stress, check-traces
+    "p2pgen.faults",      # fault partition | heal
 )
 
 

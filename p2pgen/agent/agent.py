@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from p2pgen import faults
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
 from p2pgen.agent.raftmember import JoinError, RaftMembership, control_addr_of
 from p2pgen.agent.rpc import RpcServer, split_addr
@@ -106,6 +107,7 @@ class Agent:
             safe = config.peer_id.replace("/", "_")
             config.channel_dir = os.path.join(tempfile.gettempdir(), f"p2pgen-{config.job}-{safe}-channels")
         self.addr = config.listen
+        faults.set_local_agent(self.addr)         # partition rules ($P2PGEN_FAULTS) name this process by it
         self.instance = secrets.token_hex(4)
         self.trace = Trace(raft_trace_dir(config.trace_dir), config.peer_id, self.addr, self.instance)
         self._leave_requested = threading.Event()

@@ -31,6 +31,7 @@ from typing import Callable
 
 import msgpack
 
+from p2pgen import faults
 from p2pgen.auth import prove, verify
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
@@ -162,6 +163,8 @@ class HeartbeatRunner:
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible])
         packet = body + prove(self.key, body)
         for target in targets:
+            if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
+                continue
             host, _, port = target.rpartition(":")
             try:
                 self._sock.sendto(packet, (host, int(port)))
@@ -199,6 +202,8 @@ class HeartbeatRunner:
             return self._drop("malformed", str(e))
         if job != self.job:
             return self._drop("wrong_job", f"a heartbeat of job {job!r}")
+        if faults.blocked(sender, self.self_addr):
+            return                                   # an injected partition: not a refusal
         if sender == self.self_addr or self._replayed(sender, heard.instance, seq):
             return self._drop("replayed", f"heartbeat {seq} of {sender} ({heard.instance}) was heard before")
         if sender not in targets:

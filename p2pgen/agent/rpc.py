@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import msgpack
 
+from p2pgen import faults
 from p2pgen.auth import derive_key, insecure_default_secret, new_nonce, prove, verify
 from p2pgen.errors import AuthenticationError, P2PGenError, ProtocolError
 from p2pgen.transport.stats import RejectCounters
@@ -215,6 +216,7 @@ class RpcClient:
         """`secret` None means the job's insecure default secret (a job started without --secret-file)."""
         host, port = split_addr(addr)
         self.addr = addr
+        faults.refuse_connect(addr)          # an injected partition between this process's agent and addr
         self._sock = socket.create_connection((host, port), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:

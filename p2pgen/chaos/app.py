@@ -113,6 +113,8 @@ class Injector:
             self._kill_app_of(context["sources"][0])
         elif inj.kind == "join":
             open(os.path.join(self.run_dir, "requests", f"join-{inj.name}"), "w").close()
+        elif inj.kind in ("partition", "partition_one_way", "partition_majority"):
+            self._request_partition(inj)
         elif inj.kind == "leave":
             raise SystemExit(0)
 
@@ -145,6 +147,20 @@ class Injector:
             others = sorted(others, key=lambda a: (mine in voters and a in voters, a))
         if others:
             _kill(self._agents()[others[0]])
+
+    def _request_partition(self, inj: Injection) -> None:
+        """Ask the harness (which knows every address of the run) to cut a minority of one agent off: ours, or
+        (partition_majority) the first other one by address."""
+        mine = os.environ["P2PGEN_AGENT"]
+        others = sorted(a for a in self._agents() if a != mine)
+        if inj.kind == "partition_majority" and not others:
+            return
+        minority = [others[0]] if inj.kind == "partition_majority" else [mine]
+        request = {"minority": minority, "one_way": inj.kind == "partition_one_way", "heal_s": inj.heal_s}
+        path = os.path.join(self.run_dir, "requests", f"partition-{inj.name}")
+        with open(path + ".tmp", "w") as f:
+            json.dump(request, f)
+        os.replace(path + ".tmp", path)
 
     def _kill_app_of(self, peer_id: str) -> None:
         try:

@@ -20,6 +20,8 @@ Names of the semantic failures (a run may have several; `failures` lists them by
   rollback record;
 - `divergent state`: live members end with different states, or with a state that is no serial
   history (also what remains when no other cause is found for an illegal application).
+- `minority progress` (added by `p2pgen chaos` from `runner.partition_findings`, not by `check`): a partitioned
+  minority applied a step or elected a Raft leader while it was cut off.
 An illegal application whose state before was already not serial is a consequence, not a new cause.
 Not named yet: `stale completion visible` needs the delayed-stale-frame fault, which the benchmark does
 not inject yet (the transport's stamp check is covered by tests/transport instead).
@@ -36,6 +38,7 @@ from p2pgen.chaos.model import reference_digests
 
 DUPLICATED, CONFUSION, LOST, DIVERGENT = ("duplicated step", "incarnation confusion", "lost committed step",
                                           "divergent state")
+MINORITY = "minority progress"
 
 
 @dataclass

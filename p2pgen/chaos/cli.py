@@ -59,6 +59,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 started = time.monotonic()
                 result = runner.run(s, policy, root / f"{policy}-{s.index:04d}", config)
                 verdict = checker.check(result.events, result.history, s.steps, result.stalled)
+                minority = runner.partition_findings(result)
+                if minority:
+                    verdict.failures.append(checker.MINORITY)
+                    verdict.evidence.extend(f"{checker.MINORITY}: {line}" for line in minority)
                 raft = raft_checker.check_dir(result.run_dir / "traces")
                 verdicts[policy].append(verdict)
                 rafts[policy].append(raft)

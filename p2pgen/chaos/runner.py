@@ -7,7 +7,9 @@ REPLACE_FAST_S later when the application marked it in RUN_DIR/fast/ before kill
 peer for a `join` request (scale-up), and the map from agent address to pid that `kill_leader` and
 `kill_two_agents` read. It also polls the job's certificate history (`p2pgen history --json`) while the
 job runs, since the last agent leaves with it. Every agent runs with `P2PGEN_TRACE_DIR=RUN_DIR/traces`
-(the input of `p2pgen.raft.checker`).
+(the input of `p2pgen.raft.checker`) and `P2PGEN_FAULTS=RUN_DIR/faults.json`: a partition an application asks
+for (RUN_DIR/requests/partition-*) is written there at once and healed when its `heal_s` is over (or when the
+run ends); `windows` records each one for `partition_findings`.
 Invariant kept: every process it starts is stopped by pid (process group of each agent) before `run`
 returns, whatever happened.
 """
@@ -23,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from p2pgen import faults
 from p2pgen.agent.client import AgentClient
 from p2pgen.chaos.schedule import Schedule
 from p2pgen.errors import P2PGenError
+from p2pgen.raft import checker as raft_checker
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, AgentProc, Cluster, free_control_ports
 
 REPLACE_AFTER_S = 1.0
@@ -57,6 +61,7 @@ class RunResult:
     started: float
     ended: float
     harness: list[str] = field(default_factory=list)
+    windows: list[faults.Window] = field(default_factory=list)     # the partitions, as they happened
 
 
 def run(schedule: Schedule, policy: str, run_dir: Path, config: RunConfig = RunConfig()) -> RunResult:
@@ -71,9 +76,20 @@ def run(schedule: Schedule, policy: str, run_dir: Path, config: RunConfig = RunC
     try:
         stalled = not harness.drive(config.timeout)
     finally:
+        harness.heal()
         harness.cluster.stop_all()
     return RunResult(policy, schedule, run_dir, read_events(run_dir / "logs"), harness.history, stalled, started,
-                     time.time(), harness.notes)
+                     time.time(), harness.notes, harness.windows)
+
+
+def partition_findings(result: RunResult) -> list[str]:
+    """Evidence that a partitioned minority made progress alone (`faults.minority_violations`): a step it applied,
+    or a Raft leader on one of its agents, while it was cut off."""
+    if not result.windows:
+        return []
+    commits = [(e["t"], e["peer"]) for e in result.events if e["event"] == "apply"]
+    leaders = [(r["t"], r["agent"]) for r in raft_checker.load(result.run_dir / "traces").of("leader")]
+    return faults.minority_violations(result.windows, commits, leaders)
 
 
 def read_events(log_dir: Path) -> list[dict[str, Any]]:
@@ -96,6 +112,10 @@ class _Harness:
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.replacing: dict[str, float] = {}
+        self.rules = run_dir / "faults.json"
+        faults.heal(self.rules)
+        self.partition: tuple[faults.Window, float] | None = None    # the open partition and when to heal it
+        self.windows: list[faults.Window] = []
         self.joined = 0
         self._history_at = 0.0
         members = [self.free.pop(0) for _ in range(schedule.members)]
@@ -104,7 +124,8 @@ class _Harness:
 
     def _start(self, peer_id: str, addr: str, peers: list[str], extra: tuple[str, ...] = ()) -> AgentProc:
         agent = self.cluster.start(peer_id, addr, peers, command=self.command, extra=(*self.agent_args, *extra),
-                                   env={"P2PGEN_TRACE_DIR": str(self.run_dir / "traces")})
+                                   env={"P2PGEN_TRACE_DIR": str(self.run_dir / "traces"),
+                                        faults.ENV: str(self.rules)})
         pids = {a.addr: a.pid for a in self.cluster.agents.values() if a.alive()}
         tmp = self.run_dir / "agents.json.tmp"
         tmp.write_text(json.dumps(pids))
@@ -117,6 +138,7 @@ class _Harness:
         while time.monotonic() < deadline:
             self._poll_history()
             self._serve_joins()
+            self._serve_partitions()
             self._replace_killed_agents()
             self._allow_finish_when_settled()
             if not self.replacing and not any(a.alive() for a in self.cluster.agents.values()):
@@ -130,7 +152,7 @@ class _Harness:
         is in the newest generation, write the revision the run ends at into RUN_DIR/finish (atomically):
         FINISH_MARGIN steps past the highest revision logged, so that no member has passed it yet."""
         finish = self.run_dir / "finish"
-        if finish.exists() or self.replacing or any((self.run_dir / "requests").iterdir()):
+        if finish.exists() or self.replacing or self.partition or any((self.run_dir / "requests").iterdir()):
             return
         live = {a.peer_id for a in self.cluster.agents.values() if a.alive()}
         newest: dict[str, int] = {}
@@ -154,7 +176,7 @@ class _Harness:
         return [a.addr for a in self.cluster.agents.values() if a.alive()]
 
     def _serve_joins(self) -> None:
-        for request in sorted((self.run_dir / "requests").iterdir()):
+        for request in sorted((self.run_dir / "requests").glob("join-*")):
             request.unlink()
             live = self._live_addrs()
             if (self.run_dir / "finish").exists():     # the end is fixed: a joiner would find no job left
@@ -165,6 +187,34 @@ class _Harness:
             peer_id = f"p{len(self.cluster.agents)}"
             self.notes.append(f"scale-up: {peer_id} ({request.name})")
             self._start(peer_id, self.free.pop(0), live)
+
+    def _serve_partitions(self) -> None:
+        """Cut what an application asked for (one partition at a time: a request while one is open is dropped,
+        and noted), and heal the open one when it is due."""
+        if self.partition is not None and time.monotonic() >= self.partition[1]:
+            self.heal()
+        for request in sorted(p for p in (self.run_dir / "requests").glob("partition-*") if p.suffix != ".tmp"):
+            asked = json.loads(request.read_text())
+            request.unlink()
+            if self.partition is not None or (self.run_dir / "finish").exists():
+                self.notes.append(f"partition not made (one is open, or the end is fixed): {request.name}")
+                continue
+            minority = set(asked["minority"])
+            everyone = {a.addr for a in self.cluster.agents.values()} | set(self.free)
+            faults.write_partition(self.rules, [sorted(minority), sorted(everyone - minority)], asked["one_way"])
+            peers = frozenset(a.peer_id for a in self.cluster.agents.values() if a.addr in minority)
+            self.partition = (faults.Window(time.time(), float("inf"), frozenset(minority), peers, asked["one_way"]),
+                              time.monotonic() + asked["heal_s"])
+            self.notes.append(f"partition: {', '.join(sorted(peers))} cut off "
+                              f"{'one way' if asked['one_way'] else 'both ways'} for {asked['heal_s']:.1f} s")
+
+    def heal(self) -> None:
+        if self.partition is None:
+            return
+        faults.heal(self.rules)
+        w, _ = self.partition
+        self.partition = None
+        self.windows.append(faults.Window(w.cut, time.time(), w.agents, w.peers, w.one_way))
 
     def _replace_killed_agents(self) -> None:
         now = time.monotonic()

@@ -11,6 +11,10 @@ Injection points (see `app.py` for where each one sits in the step):
 - transition points: pending (after this member voted `ready` for a pending generation, before it is
   synced/active), catch_up (this member was told to pull: it, or its first source, is hit as the
   transfer starts).
+Partition kinds (`p2pgen.faults`, carried out by the harness, healed `heal_s` later, 1-10 s drawn from a
+random stream of their own so that adding them left the other draws of a seed unchanged): `partition` cuts
+the injecting peer's agent off the others both ways, `partition_one_way` drops only what it sends, and
+`partition_majority` has the injecting peer on the majority side: it cuts another agent off both ways.
 An injection fires once, the first time its peer reaches its point at a revision >= its revision; an
 injection whose peer never gets there (it left, or no transition happened) is not counted as injected.
 """
@@ -36,7 +40,12 @@ KINDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "kill_source": (8, ("catch_up",)),                        # SIGKILL the first catch-up source's application
     "leave": (6, ("after_commit",)),                          # scale-down: a clean exit at a step boundary
     "join": (8, STEP_POINTS),                                 # scale-up: a new peer starts
+    "partition": (6, STEP_POINTS),                            # this agent cut off from the others, both ways
+    "partition_one_way": (4, STEP_POINTS),                    # what this agent sends is dropped
+    "partition_majority": (4, STEP_POINTS),                   # this agent cuts another one off, both ways
 }
+PARTITIONS = ("partition", "partition_one_way", "partition_majority")
+HEAL_S = (1.0, 10.0)
 MEMBERS = 4
 SPACING = 7                      # revisions between consecutive injections of one schedule
 
@@ -48,6 +57,7 @@ class Injection:
     peer: str
     revision: int
     frame: int = 0               # mid_allreduce only: fire after sending this many frames (+1)
+    heal_s: float = 0.0          # partition kinds only: seconds until the harness heals it
 
     @property
     def name(self) -> str:
@@ -103,5 +113,6 @@ def _one(seed: int, index: int, n: int) -> Schedule:
         # a transition point is reached only during a generation change: aim it at the previous fault's
         revision = max(1, base - SPACING + 1) if point in TRANSITION_POINTS and i else base
         peer = f"p{rng.randrange(MEMBERS)}"
-        out.append(Injection(kind, point, peer, revision, frame=rng.randrange(2 * MEMBERS - 2)))
+        heal = random.Random(f"p2pgen-chaos/{seed}/{index}/heal/{i}").uniform(*HEAL_S) if kind in PARTITIONS else 0.0
+        out.append(Injection(kind, point, peer, revision, frame=rng.randrange(2 * MEMBERS - 2), heal_s=round(heal, 2)))
     return Schedule(seed, index, MEMBERS, 8 + SPACING * n, tuple(out))

@@ -13,6 +13,8 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
 - Keep-alives. A tiny message to every verified connection every `keepalive_interval` s. Without it idle
   follower-to-follower links hit `connectionTimeout` on their first send after a leader dies, the first vote
   request is lost and every failover needs a second election round (item 1). SyncObj ignores unknown types.
+- Injected partitions (`p2pgen.faults`): a message to or from a node across a cut direction is dropped here,
+  the connection kept (a black-holed route, one direction at a time).
 Invariant kept: a connection is handed to SyncObj (`_onNodeConnected`) only after both sides proved which node
 they are (the secret-derived Fernet key proves membership of the job; the id proves which node).
 """
@@ -26,6 +28,8 @@ from collections import Counter, deque
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
+
+from p2pgen import faults
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,22 @@ class NodeTransport(TCPTransport):
         self._verified.discard(node)
         super().dropNode(node)
 
+    # --- injected partitions ---------------------------------------------------------------------
+
+    def _here(self) -> str | None:
+        """This node's address for partition rules (a non-voting node has none: its agent's)."""
+        return None if self._selfIsReadonlyNode else f"{self._selfNode.host}:{self._selfNode.port}"
+
+    def send(self, node, message):
+        if faults.blocked(self._here(), _addr_of(node)):
+            return True                    # lost on the way, as far as the sender can tell
+        return super().send(node, message)
+
+    def _onMessageReceived(self, node, message):
+        if faults.blocked(_addr_of(node), self._here()):
+            return
+        super()._onMessageReceived(node, message)
+
     # --- keep-alives ------------------------------------------------------------------------------
 
     def _onTick(self):
@@ -139,3 +159,9 @@ class NodeTransport(TCPTransport):
             conn = self._connections.get(node)
             if conn is not None and conn.state == CONNECTION_STATE.CONNECTED:
                 conn.send(KEEPALIVE)
+
+
+def _addr_of(node) -> str | None:
+    """HOST:PORT of a voter node; None for an anonymous (non-voting) one, whose own side applies the rules."""
+    host, port = getattr(node, "host", None), getattr(node, "port", None)
+    return f"{host}:{port}" if host and port else None

@@ -35,6 +35,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-agents", type=int, help="joins stop at this many live agents (default agents + 2)")
     p.add_argument("--settle-timeout", type=float, default=60.0,
                    help="seconds after the faults for the job to settle and stop at one revision (default 60)")
+    p.add_argument("--kinds", metavar="KIND,...", default="",
+                   help="only these fault kinds (default: all: kill_app, kill_agent, kill_two, pause, join, leave, "
+                        "partition); the draws stay the same, so a seed still replays one plan")
     p.add_argument("--json", action="store_true", help="the report as JSON on stdout (action lines go to stderr)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directory (logs, traces, progress) under DIR")
     p.add_argument("app", nargs=argparse.REMAINDER,
@@ -71,10 +74,16 @@ def cmd_stress(args: argparse.Namespace) -> int:
     if args.agents < 2 or args.duration <= 0:
         print("p2pgen stress: --agents must be at least 2 and --duration positive", file=sys.stderr)
         return 2
+    from p2pgen.stress.plan import KINDS
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if set(kinds) - set(KINDS):
+        print(f"p2pgen stress: unknown --kinds {', '.join(sorted(set(kinds) - set(KINDS)))}; "
+              f"the kinds are {', '.join(KINDS)}", file=sys.stderr)
+        return 2
     app = args.app[1:] if args.app[:1] == ["--"] else args.app
     config = StressConfig(agents=args.agents, duration=args.duration, seed=args.seed, command=list(app),
                           step_delay=args.step_delay, settle_timeout=args.settle_timeout,
-                          max_agents=args.max_agents, min_agents=min(3, args.agents))
+                          max_agents=args.max_agents, min_agents=min(3, args.agents), kinds=kinds)
     run_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="p2pgen-stress-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     out = sys.stderr if args.json else sys.stdout

@@ -6,6 +6,9 @@ replacements and SIGCONTs on timers), what the harness observes of the job (each
 its Raft node id, its application's pid and incarnation, the voters; the certificate history), the end
 of the run (faults stop, the job settles with every live agent's application in the active generation,
 the harness asks every application to stop at one revision ahead of all of them) and the verdict.
+Partitions go through `p2pgen.faults`: every agent (and its application) watches RUN_DIR/faults.json; the
+minority's slots are `cut` until the heal, and the verdict adds `faults.minority_violations` (a minority that
+committed a step or elected a leader while cut off fails the run).
 Invariant kept: every process it starts is stopped by pid (the process group of each agent) before
 `run` returns, whatever happened; a pid reported by an agent is signalled only while it is that
 agent's child.
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from p2pgen import faults
 from p2pgen.agent.client import AgentClient
 from p2pgen.errors import P2PGenError
 from p2pgen.raft import checker
@@ -51,6 +55,7 @@ class StressConfig:
     settle_timeout: float = 60.0         # after the faults, until every live member stopped at one revision
     max_agents: int | None = None        # default agents + 2
     min_agents: int = 3
+    kinds: tuple[str, ...] = ()          # only these fault kinds (empty: all of plan.KINDS)
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Slot:
     peer: str
     addr: str
     proc: AgentProc
-    state: str = "up"                    # up | stopped | down (killed, replacement due) | left
+    state: str = "up"                    # up | stopped | down (killed, replacement due) | cut | left
     node: str | None = None              # the Raft node id of the current process (from its `show`)
     app_pid: int | None = None
     incarnation: int | None = None
@@ -100,7 +105,12 @@ class Harness:
         for sub in ("traces", "progress"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=())
+        self.rules = run_dir / "faults.json"
+        faults.heal(self.rules)
+        self.partition: tuple[faults.Window, float] | None = None   # the open partition, and when to heal it
+        self.windows: list[faults.Window] = []
         self.env = {"P2PGEN_TRACE_DIR": str(run_dir / "traces"), PROGRESS_ENV: str(run_dir / "progress"),
+                    faults.ENV: str(self.rules),
                     "P2PGEN_STEPS": str(10 ** 9), "P2PGEN_STEP_DELAY": str(config.step_delay)}
         self.commits = CommitLog(run_dir / "progress")
         self.slots: dict[str, Slot] = {}
@@ -131,6 +141,7 @@ class Harness:
                 settled = self._finish()
                 window = (first, self._stop_written_at or time.time())
         finally:
+            self._heal()
             self._record_majority()
             self.cluster.stop_all()
         return self._report(settled, window)
@@ -164,7 +175,7 @@ class Harness:
             self._tick()
             if time.monotonic() >= next_action:
                 self._observe()
-                action = plan.choose(self.rng, self._world(), new_peer=f"p{len(self.slots)}")
+                action = plan.choose(self.rng, self._world(), new_peer=f"p{len(self.slots)}", kinds=self.config.kinds)
                 self._execute(action)
                 next_action = time.monotonic() + plan.next_delay(self.rng)
             time.sleep(LOOP_S)
@@ -172,6 +183,8 @@ class Harness:
     def _tick(self) -> None:
         """Timers, agents that exited by themselves, observation and the majority timeline."""
         now = time.monotonic()
+        if self.partition is not None and now >= self.partition[1]:
+            self._heal()
         for slot in list(self.slots.values()):
             if slot.state == "stopped" and slot.cont_at is not None and now >= slot.cont_at:
                 self._signal(slot, signal.SIGCONT)
@@ -240,7 +253,8 @@ class Harness:
         agents = tuple(plan.Agent(s.peer, s.state == "up", s.peer in voting, s.app_pid is not None)
                        for s in self.slots.values() if s.state != "left")
         max_agents = self.config.max_agents or self.config.agents + 2
-        return plan.World(agents, total, down, max_agents, self.config.min_agents, can_join=bool(self.free))
+        return plan.World(agents, total, down, max_agents, self.config.min_agents, can_join=bool(self.free),
+                          can_partition=self.partition is None)
 
     def _poll_history(self) -> None:
         """The certificate history of one running agent, a different one each time (lineages that split
@@ -287,11 +301,38 @@ class Harness:
         elif action.kind == "join":
             live = [s.addr for s in self.slots.values() if s.state == "up"]
             self._start_agent(action.targets[0], self.free.pop(0), live)
+        elif action.kind == "partition":
+            self._partition(action)
         elif action.kind == "leave":
             slot = self.slots[action.targets[0]]
             slot.proc.signal(signal.SIGTERM)
             slot.state = "left"
         self._record_majority()
+
+    def _partition(self, action: plan.Action) -> None:
+        minority = [self.slots[p] for p in action.targets]
+        cut = {s.addr for s in minority}
+        others = sorted({s.addr for s in self.slots.values()} | set(self.free)) # joiners land on the majority side
+        faults.write_partition(self.rules, [sorted(cut), [a for a in others if a not in cut]],
+                               one_way=action.scope == "one_way")
+        for slot in minority:
+            slot.state = "cut"
+        window = faults.Window(time.time(), float("inf"), frozenset(cut), frozenset(action.targets),
+                               action.scope == "one_way")
+        self.partition = (window, time.monotonic() + action.seconds)
+
+    def _heal(self) -> None:
+        if self.partition is None:
+            return
+        faults.heal(self.rules)
+        window, _ = self.partition
+        self.partition = None
+        self.windows.append(faults.Window(window.cut, time.time(), window.agents, window.peers, window.one_way))
+        for slot in self.slots.values():
+            if slot.state == "cut":
+                slot.state = "up"
+        self.say(f"healed the partition of {', '.join(sorted(window.peers))} after "
+                 f"{self.windows[-1].healed - window.cut:.1f} s")
 
     def _kill_app(self, slot: Slot) -> None:
         pid = slot.app_pid
@@ -372,7 +413,7 @@ class Harness:
 
     def _settled(self) -> bool:
         """No agent down or stopped, no pending proposal, every live agent's member in the active generation."""
-        if any(s.state in ("down", "stopped") for s in self.slots.values()):
+        if any(s.state in ("down", "stopped", "cut") for s in self.slots.values()):
             return False
         view = self._latest
         if view is None or view["state"]["pending"] is not None or view["state"]["active"] is None:
@@ -408,7 +449,9 @@ class Harness:
                             {p: d for p, (_, d) in finals.items()}, settled)
         for action, latency in zip([a for a in self.actions if a["kind"] != "none"], v.recovery):
             action["recovery_s"] = None if latency is None else round(latency, 3)
-        failures = v.failures(self.faults) + self.problems
+        leaders = [(r["t"], r["agent"]) for r in traces.of("leader")]
+        failures = v.failures(self.faults) + self.problems + faults.minority_violations(
+            self.windows, [(c.t, c.peer) for c in commits], leaders)
         return Report(self.actions, v, result, failures, {p: r for p, (r, _) in finals.items()}, self.notes,
                       self.run_dir)
 

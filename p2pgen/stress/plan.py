@@ -14,8 +14,11 @@ Actions (weights in KINDS):
 - `pause`:      SIGSTOP an agent (scope `agent`: the agent process alone; `host`: the agent with its
   application) for PAUSE_S, then SIGCONT;
 - `join`:       a new peer id joins at a fresh address (while fewer than `max_agents` are live);
-- `leave`:      a member leaves gracefully (SIGTERM to its agent; while more than `min_agents` are live).
-Minority rule (`quorum_safe`): an action that takes agents down (kill_agent, kill_two, pause, leave)
+- `leave`:      a member leaves gracefully (SIGTERM to its agent; while more than `min_agents` are live);
+- `partition`:  cut a minority of the agents (1 up to the most the minority rule allows) off the others, through
+  `p2pgen.faults` (scope `both`: symmetric; `one_way`: only what the minority sends is dropped), healed
+  HEAL_S later; one partition at a time, and its minority counts as down until the heal.
+Minority rule (`quorum_safe`): an action that takes agents down (kill_agent, kill_two, pause, leave, partition)
 is possible only if, counting the voters already down, at most a minority of the voters is down after
 it: down <= (voters - 1) // 2. Down means killed and not yet removed from the voters, stopped, or
 leaving. An application kill never takes a voter down.
@@ -26,13 +29,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-KINDS: dict[str, int] = {"kill_app": 3, "kill_agent": 2, "kill_two": 1, "pause": 2, "join": 1, "leave": 1}
+KINDS: dict[str, int] = {"kill_app": 3, "kill_agent": 2, "kill_two": 1, "pause": 2, "join": 1, "leave": 1,
+                         "partition": 2}
 DELAY_S = (0.5, 3.0)                 # between two actions
 PAUSE_S = (0.3, 3.0)
 KILL_TWO_GAP_S = (0.0, 0.3)
 REPLACE_AFTER_S = 1.0
 REPLACE_TWO_AFTER_S = (1.0, 4.0)
-TAKES_DOWN = ("kill_agent", "kill_two", "pause", "leave")
+HEAL_S = (1.0, 10.0)
+TAKES_DOWN = ("kill_agent", "kill_two", "pause", "leave", "partition")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class World:
     max_agents: int
     min_agents: int
     can_join: bool = True            # a fresh address is available
+    can_partition: bool = True       # no partition is in place
 
     @property
     def up(self) -> list[Agent]:
@@ -63,9 +69,9 @@ class World:
 class Action:
     kind: str
     targets: tuple[str, ...] = ()
-    seconds: float = 0.0             # pause: how long; kill_two: gap between the kills
+    seconds: float = 0.0             # pause: how long; kill_two: gap between the kills; partition: until the heal
     replace_after: tuple[float, ...] = ()
-    scope: str = ""                  # pause: "agent" or "host"
+    scope: str = ""                  # pause: "agent" or "host"; partition: "both" or "one_way"
     skipped: str = ""                # why nothing was done (no action possible)
 
     def describe(self) -> str:
@@ -84,6 +90,9 @@ class Action:
             return f"new peer {who} joins"
         if self.kind == "leave":
             return f"{who} leaves gracefully"
+        if self.kind == "partition":
+            how = "both ways" if self.scope == "both" else "one way (what they send is dropped)"
+            return f"partition {who} off the others {how}; healed in {self.seconds:.1f} s"
         return f"nothing ({self.skipped})"
 
 
@@ -98,11 +107,14 @@ class Draws:
     gap: float
     replace: tuple[float, float]
     scope: float
+    heal: float
+    size: float
 
     @classmethod
     def take(cls, rng: random.Random) -> "Draws":
         return cls(rng.random(), rng.random(), rng.random(), rng.uniform(*PAUSE_S), rng.uniform(*KILL_TWO_GAP_S),
-                   (rng.uniform(*REPLACE_TWO_AFTER_S), rng.uniform(*REPLACE_TWO_AFTER_S)), rng.random())
+                   (rng.uniform(*REPLACE_TWO_AFTER_S), rng.uniform(*REPLACE_TWO_AFTER_S)), rng.random(),
+                   rng.uniform(*HEAL_S), rng.random())
 
 
 def next_delay(rng: random.Random) -> float:
@@ -115,10 +127,10 @@ def quorum_safe(world: World, targets: list[Agent]) -> bool:
     return down <= (world.voters - 1) // 2
 
 
-def choose(rng: random.Random, world: World, new_peer: str = "") -> Action:
-    """One action for `world` (`new_peer`: the peer id a join would start)."""
+def choose(rng: random.Random, world: World, new_peer: str = "", kinds: tuple[str, ...] = ()) -> Action:
+    """One action for `world` (`new_peer`: the peer id a join would start; `kinds`: only these, if given)."""
     d = Draws.take(rng)
-    options = _possible(world, new_peer)
+    options = {k: v for k, v in _possible(world, new_peer).items() if not kinds or k in kinds}
     if not options:
         return Action("none", skipped="no action keeps a majority of the voters up")
     kinds = [k for k in KINDS if k in options]
@@ -129,6 +141,13 @@ def choose(rng: random.Random, world: World, new_peer: str = "") -> Action:
     if kind == "kill_two":
         a, b = candidates[int(d.first * len(candidates))]
         return Action("kill_two", (a.peer, b.peer), seconds=d.gap, replace_after=d.replace)
+    if kind == "partition":
+        most = max(len(c) for c in candidates)
+        size = 1 + int(d.size * most)
+        sized = [c for c in candidates if len(c) == size]
+        minority = sized[int(d.first * len(sized))]
+        return Action("partition", tuple(a.peer for a in minority), seconds=d.heal,
+                      scope="both" if d.scope < 0.5 else "one_way")
     target = candidates[int(d.first * len(candidates))][0]
     if kind == "kill_agent":
         return Action("kill_agent", (target.peer,), replace_after=(REPLACE_AFTER_S,))
@@ -149,8 +168,18 @@ def _possible(world: World, new_peer: str) -> dict[str, list[tuple[Agent, ...]]]
         "pause": singles if len(up) > 1 else [],
         "join": [()] if new_peer and world.can_join and len(world.agents) < world.max_agents else [],
         "leave": singles if len(world.agents) > world.min_agents else [],
+        "partition": _minorities(world) if world.can_partition and len(up) > 2 else [],
     }
     return {k: v for k, v in options.items() if v}
+
+
+def _minorities(world: World) -> list[tuple[Agent, ...]]:
+    """Every set of up agents that may be cut off (a minority under the minority rule), smallest first, in the
+    agents' stable order; at most two agents."""
+    up = world.up
+    ones = [(a,) for a in up if quorum_safe(world, [a]) and len(up) > 2]
+    twos = [(a, b) for i, a in enumerate(up) for b in up[i + 1:] if quorum_safe(world, [a, b]) and len(up) > 4]
+    return ones + twos
 
 
 def _pick_weighted(kinds: list[str], weights: list[int], u: float) -> str:

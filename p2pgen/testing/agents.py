@@ -37,17 +37,31 @@ def _free(port: int) -> bool:
     return True
 
 
+def port_range() -> tuple[int, int]:
+    """Where tests take ports: $P2PGEN_TEST_PORTS=LOW-HIGH (runs side by side on one machine keep apart), else
+    20000-32000."""
+    spec = os.environ.get("P2PGEN_TEST_PORTS", "")
+    if not spec:
+        return PORT_LOW, PORT_HIGH
+    low, _, high = spec.partition("-")
+    if not (low.isdigit() and high.isdigit()
+            and 1024 <= int(low) and int(low) + 10 * PORTS_PER_AGENT <= int(high) < 32768):
+        raise ValueError(f"P2PGEN_TEST_PORTS={spec!r}: expected LOW-HIGH, 1024 <= LOW, LOW + 50 <= HIGH < 32768")
+    return int(low), int(high)
+
+
 def free_control_ports(n: int) -> list[int]:
     """n control ports (each with all of its agent's ports free), below 32768, spread by pid."""
-    start = PORT_LOW + (os.getpid() * 37) % (PORT_HIGH - PORT_LOW - 1000)
+    low, high = port_range()
+    start = low + (os.getpid() * 37) % max(1, high - low - 10 * PORTS_PER_AGENT)
     ports: list[int] = []
     port = start - start % PORTS_PER_AGENT
     while len(ports) < n:
-        if _free(port):
+        if port + PORTS_PER_AGENT <= high and _free(port):
             ports.append(port)
         port += PORTS_PER_AGENT
-        if port >= PORT_HIGH:
-            port = PORT_LOW
+        if port >= high:
+            port = low - low % PORTS_PER_AGENT + PORTS_PER_AGENT
     return ports
 
 
@@ -88,12 +102,14 @@ class Cluster:
 
     def start(self, peer_id: str, addr: str, peers: list[str], command: list[str] | None = None,
               extra: tuple[str, ...] = (), secret_file: Path | None = None,
-              env: dict[str, str] | None = None) -> AgentProc:
+              env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> AgentProc:
         """Start `p2pgen join` for `peer_id` at `addr`; `env` is added to this process's environment (the
-        agent hands it on to its application)."""
+        agent hands it on to its application); `prefix` runs it through another command that execs it
+        (`ip netns exec NS`), so the pid is still the agent's."""
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
-        cmd = [sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id, "--listen", addr,
-               "--secret-file", str(secret_file or self.secret_file), "--local-state-dir", str(self.tmp / "local-state"),
+        cmd = [*prefix, sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id,
+               "--listen", addr, "--secret-file", str(secret_file or self.secret_file),
+               "--local-state-dir", str(self.tmp / "local-state"),
                *self.detect, *extra]
         cmd += [f"--peer={p}" for p in peers]
         if command:

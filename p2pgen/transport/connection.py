@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
+from p2pgen import faults
 from p2pgen.errors import PeerLost, ProtocolError
 from p2pgen.transport import frame
 from p2pgen.transport.stats import RejectCounters
@@ -70,8 +71,10 @@ class Connection:
 
     def __init__(self, sock: socket.socket, *, job: str, generation: int, my_incarnation: int,
                  peer: tuple[str, int], rank: int, max_frame_bytes: int, op_timeout: float | None,
-                 counters: RejectCounters, on_error: Callable[[Exception], None]) -> None:
+                 counters: RejectCounters, on_error: Callable[[Exception], None],
+                 addrs: tuple[str, str] | None = None) -> None:
         self.sock = sock
+        self._addrs = addrs            # (this end's, the peer's) data address, for injected partitions
         self.peer = peer
         self.rank = rank
         self.generation = generation
@@ -138,6 +141,10 @@ class Connection:
 
     def _send_one(self, header: bytes, payload: np.ndarray) -> None:
         try:
+            if self._addrs is not None and faults.cut(*self._addrs):
+                self.shutdown()            # the peer's receive fails too, as when a route goes away
+                raise ConnectionResetError(f"partitioned from {self._addrs[1]} (fault injected through "
+                                           f"${faults.ENV})")
             sendmsg_all(self.sock, [header, memoryview(payload)])
         except OSError as e:
             self._send_error = PeerLost(f"sending to {self._who()} failed: {e!r}")

@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from p2pgen import auth
+from p2pgen import auth, faults
 from p2pgen.errors import GenerationChanged, P2PGenError, PeerLost
 from p2pgen.transport import handshake
 from p2pgen.transport.connection import Connection
@@ -96,6 +96,7 @@ class Session:
             sock = self._transport.new_socket()
             try:
                 sock.settimeout(max(0.05, deadline - time.monotonic()))
+                faults.refuse_connect(f"{peer.host}:{peer.port}", f"{self.group.me.host}:{self.group.me.port}")
                 sock.connect((peer.host, peer.port))
                 sock.settimeout(self.config.handshake_timeout)
                 handshake.dial(sock, self._transport.key, hello)
@@ -117,7 +118,8 @@ class Session:
         return Connection(sock, job=self.group.job, generation=self.generation,
                           my_incarnation=self.group.me.incarnation, peer=peer.identity, rank=rank,
                           max_frame_bytes=self.config.max_frame_bytes, op_timeout=self.config.op_timeout,
-                          counters=self._transport.counters, on_error=self._fail)
+                          counters=self._transport.counters, on_error=self._fail,
+                          addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"))
 
     def admission(self, dialer: tuple[str, int]) -> tuple[str, str] | int:
         """The dialer's rank, or (reason, detail) if it may not dial us in this generation."""

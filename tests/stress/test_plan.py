@@ -126,3 +126,29 @@ def test_a_replaced_agent_is_a_new_node_so_the_voter_it_replaced_stays_down():
 def test_before_any_observation_every_agent_not_gone_is_a_voter():
     slots = [("p0", "up", None), ("p1", "down", None), ("p2", "left", None), ("p3", "stopped", None)]
     assert plan.voter_status(slots, None) == (3, 2, {"p0", "p1", "p3"})
+
+
+def test_partitions_cut_off_only_a_minority_both_ways_or_one_way_and_heal_within_1_to_10_s():
+    w = world(up=5, voters=5)
+    parts = [a for a in actions(4, w, 3000) if a.kind == "partition"]
+    assert parts and {a.scope for a in parts} == {"both", "one_way"}
+    assert {len(a.targets) for a in parts} == {1, 2}
+    assert all(1.0 <= a.seconds <= 10.0 for a in parts)
+    by_peer = {x.peer: x for x in w.agents}
+    assert all(quorum_safe(w, [by_peer[p] for p in a.targets]) for a in parts)
+    assert "partition" in parts[0].describe() and "healed in" in parts[0].describe()
+
+
+def test_no_partition_while_one_is_in_place_or_when_a_cut_would_leave_no_majority():
+    busy = World(world().agents, 5, 0, 7, 3, can_partition=False)
+    assert not any(a.kind == "partition" for a in actions(5, busy, 500))
+    tight = world(up=3, voters=5, down_voters=2)
+    assert not any(a.kind == "partition" for a in actions(6, tight, 500))
+
+
+def test_a_kinds_filter_keeps_to_those_kinds_and_draws_as_many_values():
+    a, b = random.Random(9), random.Random(9)
+    assert {choose(a, world(), "p9", kinds=("partition",)).kind for _ in range(50)} == {"partition"}
+    for _ in range(50):
+        choose(b, world(), "p9")
+    assert a.random() == b.random()
