@@ -20,6 +20,8 @@ from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, s
 from p2pgen.auth import SecretError, load_secret, read_secret_file
 from p2pgen.detect import add_detector_arguments, config_from_args
 
+DEMO_STEP_DELAY_S = 0.5      # `join --local --chaos --steps`: a step paced like (small) real training
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     join = sub.add_parser("join", help="start an agent: join a job (or start one) and supervise COMMAND",
@@ -48,10 +50,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            "applications that do not use p2pgen")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
     join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 5)")
-    join.add_argument("--chaos", type=float, metavar="S", help="--local: inject a fault every S seconds on average "
-                                                               "(SIGKILL of an application or of a whole agent)")
+    join.add_argument("--chaos", type=float, metavar="N",
+                      help="--local: inject a fault (SIGKILL of an application or of a whole agent, in equal numbers) "
+                           "every N committed steps on average with --steps and a COMMAND, every N seconds otherwise; "
+                           "each once the job is whole again")
     join.add_argument("--chaos-seed", type=int, default=0, help="--local: seed of the fault schedule")
     join.add_argument("--steps", type=int, help="--local: steps to train (passed to COMMAND as $P2PGEN_STEPS)")
+    join.add_argument("--step-delay", type=float, metavar="S",
+                      help="--local: seconds of pretend compute per step, passed to COMMAND as $P2PGEN_STEP_DELAY "
+                           f"(default with --chaos and --steps: {DEMO_STEP_DELAY_S}, so that recoveries land "
+                           "mid-training as on real hardware)")
     add_detector_arguments(join)
     add_state_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
@@ -258,5 +266,14 @@ def run_local_demo(args: argparse.Namespace) -> int:
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
-                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps)
+                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args))
     return job.run()
+
+
+def _demo_step_delay(args: argparse.Namespace) -> float | None:
+    if args.step_delay is not None:
+        if args.step_delay < 0:
+            raise SystemExit("p2pgen join --local: --step-delay must be >= 0 seconds")
+        return args.step_delay
+    return DEMO_STEP_DELAY_S if args.chaos and args.steps is not None and "P2PGEN_STEP_DELAY" not in os.environ \
+        else None
