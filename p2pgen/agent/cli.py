@@ -48,6 +48,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="seconds after which the agent votes for a COMMAND that has not attached (p2pgen.join) "
                            "as a stateless member; default: never (the application votes itself); use 0 for "
                            "applications that do not use p2pgen")
+    join.add_argument("--http", type=int, metavar="PORT",
+                      help="serve a read-only HTML status page of the job on PORT (with --local: PORT, PORT+1, ... "
+                           "for each agent)")
+    join.add_argument("--http-bind", default="127.0.0.1", metavar="HOST",
+                      help="address of the status page (default 127.0.0.1: the page is not authenticated)")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
     join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 5)")
     join.add_argument("--chaos", type=float, metavar="N",
@@ -71,6 +76,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--peer", required=True, metavar="HOST:PORT", help="control address of any member's agent")
         p.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE)")
         p.add_argument("--json", action="store_true", help="stable JSON (see README)")
+        if name == "show":
+            p.add_argument("--watch", action="store_true",
+                           help="keep watching: redraw on each generation change (members, ranks, frontier, last "
+                                "fault and its recovery time) until Ctrl-C")
         p.set_defaults(func=func)
 
 
@@ -130,11 +139,25 @@ def cmd_join(args: argparse.Namespace) -> int:
                               attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
+    page = None
+    if args.http is not None:
+        from p2pgen.agent.statuspage import StatusPage
+        try:
+            page = StatusPage(args.listen, secret, args.job, args.http_bind, args.http)
+        except OSError as e:
+            print(f"p2pgen join: cannot serve the status page on {args.http_bind}:{args.http}: {e.strerror}; "
+                  "choose another --http port", file=sys.stderr)
+            return 2
+        page.start()
+        print(f"status page: {page.url}", file=sys.stderr, flush=True)
     try:
         return agent.run()
     except JoinError as e:
         print(f"p2pgen join: {e}", file=sys.stderr)
         return 2
+    finally:
+        if page is not None:
+            page.stop()
 
 
 # --- show / history ----------------------------------------------------------------------------------
@@ -155,6 +178,18 @@ def _fetch(args: argparse.Namespace, method: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.watch:
+        if args.json:
+            print("p2pgen show: --watch draws for people; use --json without --watch (or poll it)", file=sys.stderr)
+            return 2
+        from p2pgen.agent.watch import watch
+        try:
+            secret = read_secret_file(args.secret_file)
+        except SecretError as e:
+            print(f"p2pgen show: {e}", file=sys.stderr)
+            return 2
+        from p2pgen.agent.client import AgentClient
+        return watch(lambda: AgentClient(args.peer, secret), format_show)
     shown = _fetch(args, "show")
     if shown is None:
         return 1
@@ -266,7 +301,8 @@ def run_local_demo(args: argparse.Namespace) -> int:
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
-                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args))
+                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args),
+                   http=(args.http, args.http_bind) if args.http is not None else None)
     return job.run()
 
 

@@ -109,9 +109,10 @@ class _Fault:
 class LocalJob:
     def __init__(self, n: int, job: str, base_port: int, agent_args: list[str], command: list[str] | None,
                  secret_file: str | None, chaos: float | None = None, seed: int = 0, steps: int | None = None,
-                 step_delay: float | None = None) -> None:
+                 step_delay: float | None = None, http: tuple[int, str] | None = None) -> None:
         self.n, self.job, self.command, self.chaos, self.steps = n, job, command, chaos, steps
         self.step_delay = step_delay
+        self.http = http                                # (first port, bind address) of the status pages
         self.addrs = [f"127.0.0.1:{base_port + PORTS_PER_AGENT * i}" for i in range(n)]
         self.workdir = tempfile.mkdtemp(prefix="p2pgen-local-")
         self.summary_dir = os.path.join(self.workdir, "summaries")
@@ -158,6 +159,9 @@ class LocalJob:
                 self._start_agent(i, initial=True)
             print(f"started {self.n} agents of job {self.job!r} at {', '.join(self.addrs)}; Ctrl-C stops them\n"
                   f"inspect with: p2pgen show --peer {self.addrs[0]} --secret-file {self.secret_file}", flush=True)
+            if self.http is not None:
+                print(f"status pages: http://{self.http[1]}:{self.http[0]}/ (one per agent, ports "
+                      f"{self.http[0]}..{self.http[0] + self.n - 1})", flush=True)
             self._describe_chaos()
             self._next_fault = self._schedule_after(0, time.monotonic())
             while self._running():
@@ -188,6 +192,8 @@ class LocalJob:
                *self.agent_args, *[f"--peer={a}" for a in self.addrs if a != addr]]
         if initial:
             cmd += ["--min-members", str(self.n)]
+        if self.http is not None:
+            cmd += [f"--http={self.http[0] + i}", f"--http-bind={self.http[1]}"]
         if self.command:
             cmd += ["--", *self.command]
         env = {**os.environ, "P2PGEN_SUMMARY_DIR": self.summary_dir, PROGRESS_ENV: self.progress_dir}
