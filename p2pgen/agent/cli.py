@@ -76,6 +76,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--peer", required=True, metavar="HOST:PORT", help="control address of any member's agent")
         p.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE)")
         p.add_argument("--json", action="store_true", help="stable JSON (see README)")
+        if name == "history":
+            p.add_argument("--plot", metavar="FILE",
+                           help="draw the timeline (members over time, each change and its reason, time between "
+                                "generations, revision progress) to FILE (.png, .svg, .pdf); needs matplotlib "
+                                "(the sim extra)")
         if name == "show":
             p.add_argument("--watch", action="store_true",
                            help="keep watching: redraw on each generation change (members, ranks, frontier, last "
@@ -201,6 +206,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     history = _fetch(args, "history")
     if history is None:
         return 1
+    if args.plot:
+        return _plot_history(history, args.plot)
     print(json.dumps(history, indent=2, sort_keys=True) if args.json else format_history(history))
     return 0
 
@@ -313,3 +320,18 @@ def _demo_step_delay(args: argparse.Namespace) -> float | None:
         return args.step_delay
     return DEMO_STEP_DELAY_S if args.chaos and args.steps is not None and "P2PGEN_STEP_DELAY" not in os.environ \
         else None
+
+
+def _plot_history(history: list[dict[str, Any]], path: str) -> int:
+    try:
+        from p2pgen.agent.historyplot import plot_history
+    except ImportError as e:
+        print(f"p2pgen history --plot needs matplotlib ({e}): pip install -e '.[sim]'", file=sys.stderr)
+        return 2
+    try:
+        plot_history(history, path)
+    except (ValueError, OSError) as e:
+        print(f"p2pgen history --plot: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
