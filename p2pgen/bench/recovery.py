@@ -461,7 +461,8 @@ def format_text(results: dict[str, Any], detect_timeout: float, plan: Plan) -> s
     return "\n\n".join(parts)
 
 
-def main(plan: Plan, detect_timeout: float, sections: tuple[str, ...], as_json: bool, out: str | None) -> int:
+def main(plan: Plan, detect_timeout: float, sections: tuple[str, ...], as_json: bool, out: str | None,
+         plot: str | None = None) -> int:
     progress = TermProgress(len(sections), "p2pgen bench recovery", enabled=not as_json, unit=" sections")
     try:
         with tempfile.TemporaryDirectory(prefix="p2pgen-bench-recovery-") as tmp:
@@ -472,4 +473,11 @@ def main(plan: Plan, detect_timeout: float, sections: tuple[str, ...], as_json: 
     if out:
         Path(out).write_text(text)
     print(text if as_json else format_text(results, detect_timeout, plan))
+    if plot:
+        from p2pgen.bench.plots import plot_recovery
+        summaries = {"membership": {k: summarize(v) for k, v in results.get("membership", {}).items() if v}}
+        if "steploop" in results:
+            summaries["steploop"] = summarize_steploop(results["steploop"])
+        plot_recovery(results, summaries, STEPLOOP_METRICS, FAULTS, plot)
+        print(f"wrote {plot}", file=sys.stderr)
     return 0
