@@ -8,9 +8,10 @@ replaced by a fresh agent under the same peer id, as a spot instance would be); 
 applications' own reports; and an exit code that tells the truth (non-zero, naming the members, when
 an agent failed or the final digests differ).
 Invariants kept: every process it starts it stops, by pid, before returning (Ctrl-C and SIGTERM
-included, within STOP_DEADLINE_S); an agent dies with the runner even when the runner is SIGKILLed
-(PR_SET_PDEATHSIG); a whole host is killed only while every Raft voter is a live agent, so no fault can
-cost the job its Raft quorum, and at most MAX_FAULTS_IN_FLIGHT faults are unrecovered at a time.
+included, within STOP_DEADLINE_S), and it removes its work folder; an agent dies with the runner even
+when the runner is SIGKILLed (PR_SET_PDEATHSIG); a whole host is killed only while every Raft voter is a
+live agent, so no fault can cost the job its Raft quorum, and at most MAX_FAULTS_IN_FLIGHT faults are
+unrecovered at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -183,6 +185,7 @@ class LocalJob:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the stopping short
             self._stop_all()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            shutil.rmtree(self.workdir, ignore_errors=True)     # secret, summaries, progress reports
 
     # --- agents --------------------------------------------------------------------------------------
 
