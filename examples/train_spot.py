@@ -2,7 +2,7 @@
 
 Run it under agents, which restart a killed process as a new incarnation:
 
-    p2pgen join --local 4 --chaos 3 --steps 300 -- python examples/train_spot.py
+    p2pgen join --local 4 --chaos 10 --steps 200 -- python examples/train_spot.py
 
 Each peer trains an MLP on synthetic, deterministic data (revision r's global batch is generated from
 (seed, r) and split into `world` contiguous shards, so a step's global batch does not depend on the world
@@ -10,8 +10,9 @@ size). Gradients are sums of per-sample losses divided by the *global* batch siz
 SUM. SGD with momentum is written out by hand so that every piece of optimizer state is in the
 SharedState. A killed peer's replacement pulls the state from the others before it trains again.
 
-At the end every peer prints one JSON line (`summary`) and writes it to $P2PGEN_SUMMARY_DIR if set:
-generations seen, steps committed and discarded, seconds spent between generations, final digest.
+At the end every peer writes one JSON summary to $P2PGEN_SUMMARY_DIR if set (`join --local` prints them as
+one table), or else prints it as one line (`summary {...}`): generations seen, steps committed and discarded,
+seconds spent between generations, final digest.
 Under `p2pgen stress` it also reports every committed step and stops at the revision the harness asks
 for (`Progress`, a no-op elsewhere).
 """
@@ -103,11 +104,12 @@ def main() -> None:
     summary = {"peer": peer.peer_id, "incarnation": peer.incarnation, "revision": state.revision,
                "digest": state.digest(), "loss": last_loss, "seconds": round(time.monotonic() - started, 3),
                **peer.stats}
-    print("summary " + json.dumps(summary), flush=True)
-    if os.environ.get("P2PGEN_SUMMARY_DIR"):
+    if os.environ.get("P2PGEN_SUMMARY_DIR"):      # `join --local` collects them into one table
         path = os.path.join(os.environ["P2PGEN_SUMMARY_DIR"], f"{peer.peer_id}-{peer.incarnation}.json")
         with open(path, "w") as f:
             json.dump(summary, f)
+    else:
+        print("summary " + json.dumps(summary), flush=True)
     progress.close()
     peer.close()
 

@@ -100,6 +100,15 @@ class _Relaunch:
     due: float
 
 
+LEAVE_SETTLE_S = 1.5       # a leaving agent waits this long for the job to finish (every member gone)
+
+
+def _job_finished(view: RaftView | None) -> bool:
+    """Every member left (the job is over): a leaving agent then has nothing to hand over or record, and
+    the agents leaving last would wait in vain for a quorum of agents that have already gone."""
+    return view is not None and not view.machine.members
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -501,15 +510,22 @@ class Agent:
         try:
             if self.incarnation is not None:
                 self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
-            view = self.node.view()
+            view = self.node.wait_view(_job_finished, LEAVE_SETTLE_S) or self.node.view()
+            if _job_finished(view):
+                log.info("left: every member of the job has left, so no Raft configuration is left to shrink")
+                return
             if view.voter and len(view.nodes) > 1:
                 if view.is_leader:
                     self.node.transfer_leadership()
                     self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
                 self.node.remove_node(view.node_id, timeout=3.0)
         except RaftUnavailable as e:
+            if _job_finished(self.node.view()):
+                log.info("left: every member of the job has left meanwhile (%s); nothing is left to record", e)
+                return
             log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
-                        "absence instead", e)
+                        "absence and replace it as a voter; nothing to do unless no agent is left running",
+                        e)
 
     def _hand_over(self) -> None:
         """A member asked to leave while it is the only one holding the job's state (the active generation is

@@ -20,6 +20,8 @@ from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, s
 from p2pgen.auth import SecretError, load_secret, read_secret_file
 from p2pgen.detect import add_detector_arguments, config_from_args
 
+DEMO_STEP_DELAY_S = 0.5      # `join --local --chaos --steps`: a step paced like (small) real training
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     join = sub.add_parser("join", help="start an agent: join a job (or start one) and supervise COMMAND",
@@ -46,12 +48,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="seconds after which the agent votes for a COMMAND that has not attached (p2pgen.join) "
                            "as a stateless member; default: never (the application votes itself); use 0 for "
                            "applications that do not use p2pgen")
+    join.add_argument("--http", type=int, metavar="PORT",
+                      help="serve a read-only HTML status page of the job on PORT (with --local: PORT, PORT+1, ... "
+                           "for each agent)")
+    join.add_argument("--http-bind", default="127.0.0.1", metavar="HOST",
+                      help="address of the status page (default 127.0.0.1: the page is not authenticated)")
     join.add_argument("--local", type=int, metavar="N", help="demo: start N agents on 127.0.0.1 and watch them")
     join.add_argument("--base-port", type=int, default=20000, help="--local: first control port (step 5)")
-    join.add_argument("--chaos", type=float, metavar="S", help="--local: inject a fault every S seconds on average "
-                                                               "(SIGKILL of an application or of a whole agent)")
+    join.add_argument("--chaos", type=float, metavar="N",
+                      help="--local: inject a fault (SIGKILL of an application or of a whole agent, in equal numbers) "
+                           "every N committed steps on average with --steps and a COMMAND, every N seconds otherwise; "
+                           "each once the job is whole again")
     join.add_argument("--chaos-seed", type=int, default=0, help="--local: seed of the fault schedule")
     join.add_argument("--steps", type=int, help="--local: steps to train (passed to COMMAND as $P2PGEN_STEPS)")
+    join.add_argument("--step-delay", type=float, metavar="S",
+                      help="--local: seconds of pretend compute per step, passed to COMMAND as $P2PGEN_STEP_DELAY "
+                           f"(default with --chaos and --steps: {DEMO_STEP_DELAY_S}, so that recoveries land "
+                           "mid-training as on real hardware)")
     add_detector_arguments(join)
     add_state_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
@@ -63,6 +76,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--peer", required=True, metavar="HOST:PORT", help="control address of any member's agent")
         p.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE)")
         p.add_argument("--json", action="store_true", help="stable JSON (see README)")
+        if name == "history":
+            p.add_argument("--plot", metavar="FILE",
+                           help="draw the timeline (members over time, each change and its reason, time between "
+                                "generations, revision progress) to FILE (.png, .svg, .pdf); needs matplotlib "
+                                "(the sim extra)")
+        if name == "show":
+            p.add_argument("--watch", action="store_true",
+                           help="keep watching: redraw on each generation change (members, ranks, frontier, last "
+                                "fault and its recovery time) until Ctrl-C")
         p.set_defaults(func=func)
 
 
@@ -122,11 +144,25 @@ def cmd_join(args: argparse.Namespace) -> int:
                               attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_leave())
+    page = None
+    if args.http is not None:
+        from p2pgen.agent.statuspage import StatusPage
+        try:
+            page = StatusPage(args.listen, secret, args.job, args.http_bind, args.http)
+        except OSError as e:
+            print(f"p2pgen join: cannot serve the status page on {args.http_bind}:{args.http}: {e.strerror}; "
+                  "choose another --http port", file=sys.stderr)
+            return 2
+        page.start()
+        print(f"status page: {page.url}", file=sys.stderr, flush=True)
     try:
         return agent.run()
     except JoinError as e:
         print(f"p2pgen join: {e}", file=sys.stderr)
         return 2
+    finally:
+        if page is not None:
+            page.stop()
 
 
 # --- show / history ----------------------------------------------------------------------------------
@@ -147,6 +183,18 @@ def _fetch(args: argparse.Namespace, method: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.watch:
+        if args.json:
+            print("p2pgen show: --watch draws for people; use --json without --watch (or poll it)", file=sys.stderr)
+            return 2
+        from p2pgen.agent.watch import watch
+        try:
+            secret = read_secret_file(args.secret_file)
+        except SecretError as e:
+            print(f"p2pgen show: {e}", file=sys.stderr)
+            return 2
+        from p2pgen.agent.client import AgentClient
+        return watch(lambda: AgentClient(args.peer, secret), format_show)
     shown = _fetch(args, "show")
     if shown is None:
         return 1
@@ -158,6 +206,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     history = _fetch(args, "history")
     if history is None:
         return 1
+    if args.plot:
+        return _plot_history(history, args.plot)
     print(json.dumps(history, indent=2, sort_keys=True) if args.json else format_history(history))
     return 0
 
@@ -272,5 +322,30 @@ def run_local_demo(args: argparse.Namespace) -> int:
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
-                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps)
+                   chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args),
+                   http=(args.http, args.http_bind) if args.http is not None else None)
     return job.run()
+
+
+def _demo_step_delay(args: argparse.Namespace) -> float | None:
+    if args.step_delay is not None:
+        if args.step_delay < 0:
+            raise SystemExit("p2pgen join --local: --step-delay must be >= 0 seconds")
+        return args.step_delay
+    return DEMO_STEP_DELAY_S if args.chaos and args.steps is not None and "P2PGEN_STEP_DELAY" not in os.environ \
+        else None
+
+
+def _plot_history(history: list[dict[str, Any]], path: str) -> int:
+    try:
+        from p2pgen.agent.historyplot import plot_history
+    except ImportError as e:
+        print(f"p2pgen history --plot needs matplotlib ({e}): pip install -e '.[sim]'", file=sys.stderr)
+        return 2
+    try:
+        plot_history(history, path)
+    except (ValueError, OSError) as e:
+        print(f"p2pgen history --plot: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0

@@ -34,6 +34,10 @@ class AgentClient:
     def history(self) -> list[dict[str, Any]]:
         return self._call("history")
 
+    def wait(self, after_version: int, timeout: float) -> dict[str, Any]:
+        """`show` once the agent applied a Raft entry past `after_version`, or after `timeout` seconds."""
+        return self._call("wait", io_timeout=timeout + self.timeout, after_version=after_version, timeout=timeout)
+
     def submit(self, command: Command) -> dict[str, Any]:
         """Submit a core command through this agent; returns {"ok": bool, "reason": str}."""
         return self._call("submit", io_timeout=self.timeout + 2, command=command_to_wire(command))

@@ -1,54 +1,152 @@
-"""`p2pgen join --local N [--chaos S]`: a whole job on 127.0.0.1, for the demo and for trying faults.
+"""`p2pgen join --local N [--chaos N]`: a whole job on 127.0.0.1, for the demo and for trying faults.
 
-Owns: N agent processes with symmetric configuration (each given the others as peers), the printing
-of each generation as it is decided, an optional seeded fault schedule (SIGKILL of an application,
-which its agent restarts, or of a whole agent, which is replaced by a fresh agent under the same peer
-id, as a spot instance would be), and the final summary of the applications' own reports.
-Invariant kept: every process it starts it stops, by pid, before returning (Ctrl-C included).
+Owns: N agent processes with symmetric configuration (each given the others as peers), the relay of
+their output (and their applications') line by line, prefixed with the peer, so that no two lines are
+ever glued; the printing of each generation as it is decided and of each recovery; an optional seeded
+fault schedule (SIGKILL of an application, which its agent restarts, or of a whole agent, which is
+replaced by a fresh agent under the same peer id, as a spot instance would be); the final summary of the
+applications' own reports; and an exit code that tells the truth (non-zero, naming the members, when
+an agent failed or the final digests differ).
+Invariants kept: every process it starts it stops, by pid, before returning (Ctrl-C and SIGTERM
+included, within STOP_DEADLINE_S), and it removes its work folder; an agent dies with the runner even
+when the runner is SIGKILLed (PR_SET_PDEATHSIG); a whole host is killed only while every Raft voter is a
+live agent, so no fault can cost the job its Raft quorum, and at most MAX_FAULTS_IN_FLIGHT faults are
+unrecovered at a time.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import glob
 import json
 import os
 import random
 import secrets
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime
+from typing import IO
 
 from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.auth import read_secret_file
 from p2pgen.errors import P2PGenError
+from p2pgen.stress.progress import ENV as PROGRESS_ENV
+from p2pgen.stress.progress import CommitLog
 
 AGENT_REPLACEMENT_DELAY_S = 1.0
+STOP_DEADLINE_S = 4.0          # SIGTERM to every agent, then SIGKILL of what is left (within 5 s in all)
+LAST_FAULT_FRACTION = 0.8      # no fault after this share of --steps: the last recovery must fit before the end
+MAX_FAULTS_IN_FLIGHT = 2       # unrecovered faults at a time (the job keeps at least N-2 members training)
+LINGER_AFTER_DONE_S = 10.0     # how long agents with no job left may wait once another agent ended
+STDERR_TAIL = 12               # lines of each agent's stderr kept for the failure report
+PR_SET_PDEATHSIG = 1
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _die_with(runner_pid: int) -> None:
+    """In the agent's child process, before exec: SIGTERM (a graceful leave) when the runner dies, even by
+    SIGKILL; and if the runner already died between fork and here, exit at once."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != runner_pid:
+        os._exit(1)
+
+
+def _now() -> str:
+    return datetime.now().strftime("%H:%M:%S.%f")[:-3]
+
+
+class _Relay:
+    """Copies one agent process's stdout and stderr (its application's included) to ours, whole lines only,
+    each prefixed with the peer, and keeps the last lines of its stderr for a failure report."""
+
+    lock = threading.Lock()
+
+    def __init__(self, proc: subprocess.Popen, prefix: str) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self._threads = [threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout, None), daemon=True),
+                         threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr, self.tail), daemon=True)]
+        self._prefix = prefix
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, source: IO[bytes], sink: IO[str], tail: collections.deque[str] | None) -> None:
+        for raw in iter(source.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            if tail is not None:
+                tail.append(line)
+            with _Relay.lock:
+                try:
+                    sink.write(f"{self._prefix}{line}\n")
+                    sink.flush()
+                except (OSError, ValueError):       # our own output is gone (closed pipe): keep draining
+                    pass
+        source.close()
+
+    def join(self, timeout: float) -> None:
+        for t in self._threads:
+            t.join(timeout)
+
+
+@dataclass
+class _Fault:
+    kind: str                   # "application" or "host"
+    peer: int
+    incarnation: int | None     # the member's incarnation when it was killed
+    revision: int               # the job's revision when it was killed
+    at: float                   # time.time()
+    recovered_after: float | None = None
+
+
 class LocalJob:
     def __init__(self, n: int, job: str, base_port: int, agent_args: list[str], command: list[str] | None,
-                 secret_file: str | None, chaos: float | None = None, seed: int = 0, steps: int | None = None):
+                 secret_file: str | None, chaos: float | None = None, seed: int = 0, steps: int | None = None,
+                 step_delay: float | None = None, http: tuple[int, str] | None = None) -> None:
         self.n, self.job, self.command, self.chaos, self.steps = n, job, command, chaos, steps
+        self.step_delay = step_delay
+        self.http = http                                # (first port, bind address) of the status pages
         self.addrs = [f"127.0.0.1:{base_port + PORTS_PER_AGENT * i}" for i in range(n)]
         self.workdir = tempfile.mkdtemp(prefix="p2pgen-local-")
         self.summary_dir = os.path.join(self.workdir, "summaries")
+        self.progress_dir = os.path.join(self.workdir, "progress")
         os.makedirs(self.summary_dir)
+        os.makedirs(self.progress_dir)
         self.secret_file = secret_file or self._new_secret()
         self.secret = read_secret_file(self.secret_file)
         self.agent_args = agent_args + [f"--secret-file={self.secret_file}"]
         self.rng = random.Random(seed)
         self.agents: dict[int, subprocess.Popen] = {}
-        self.started: list[subprocess.Popen] = []
+        self.relays: dict[int, _Relay] = {}
+        self.started: list[tuple[int, subprocess.Popen, _Relay]] = []
+        self.chaos_killed: set[int] = set()           # pids of agents the chaos schedule killed
+        self.failures: list[tuple[int, int, list[str]]] = []    # (peer index, exit code, stderr tail)
+        self.reaped: set[int] = set()
+        self.finished_at: float | None = None          # when an agent last ended on its own
+        self.stalled_since: float | None = None        # since when every agent left has had no job
+        self.lingering: set[int] = set()               # pids of agents stopped for outliving the job
         self.replacements: list[tuple[float, int]] = []      # (due time, agent index)
-        self.faults: list[str] = []
+        self.faults: list[_Fault] = []
         self.seen_generation = 0
+        self.commits = CommitLog(self.progress_dir)
+        self.revision = 0
+        self._kinds: list[str] = []
+        self._voter_count = 0                          # voters when the job was first whole
+        self._next_fault: float | None = None          # a revision (counted in steps) or a monotonic time
+
+    @property
+    def counts_steps(self) -> bool:
+        """With --steps and a COMMAND, --chaos is a mean number of committed steps between faults."""
+        return bool(self.command) and self.steps is not None
 
     def _new_secret(self) -> str:
         path = os.path.join(self.workdir, "secret")
@@ -63,22 +161,31 @@ class LocalJob:
                 self._start_agent(i, initial=True)
             print(f"started {self.n} agents of job {self.job!r} at {', '.join(self.addrs)}; Ctrl-C stops them\n"
                   f"inspect with: p2pgen show --peer {self.addrs[0]} --secret-file {self.secret_file}", flush=True)
-            next_fault = self._next_fault_time()
+            if self.http is not None:
+                print(f"status pages: http://{self.http[1]}:{self.http[0]}/ (one per agent, ports "
+                      f"{self.http[0]}..{self.http[0] + self.n - 1})", flush=True)
+            self._describe_chaos()
+            self._next_fault = self._schedule_after(0, time.monotonic())
             while self._running():
                 self._print_new_generations()
-                now = time.monotonic()
-                if next_fault is not None and now >= next_fault and not self._training_done():
-                    self._inject()
-                    next_fault = self._next_fault_time()
-                self._replace_due_agents(now)
+                self._reap()
+                self._maybe_inject()
+                self._replace_due_agents(time.monotonic())
+                self._stop_lingering()
                 time.sleep(0.2)
+            self._reap()
             self._print_new_generations()
-            self._print_summary()
+            for _, _, relay in self.started:
+                relay.join(1.0)
+            return self._print_summary()
         except KeyboardInterrupt:
-            print("\nstopping the agents")
+            print("\nstopping the agents", flush=True)
+            return 130
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the stopping short
             self._stop_all()
-        return 0
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            shutil.rmtree(self.workdir, ignore_errors=True)     # secret, summaries, progress reports
 
     # --- agents --------------------------------------------------------------------------------------
 
@@ -88,79 +195,228 @@ class LocalJob:
                *self.agent_args, *[f"--peer={a}" for a in self.addrs if a != addr]]
         if initial:
             cmd += ["--min-members", str(self.n)]
+        if self.http is not None:
+            cmd += [f"--http={self.http[0] + i}", f"--http-bind={self.http[1]}"]
         if self.command:
             cmd += ["--", *self.command]
-        env = {**os.environ, "P2PGEN_SUMMARY_DIR": self.summary_dir}
+        env = {**os.environ, "P2PGEN_SUMMARY_DIR": self.summary_dir, PROGRESS_ENV: self.progress_dir}
         if self.steps is not None:
             env["P2PGEN_STEPS"] = str(self.steps)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)   # Ctrl-C reaches only this process
+        if self.step_delay is not None:
+            env["P2PGEN_STEP_DELAY"] = str(self.step_delay)
+        runner = os.getpid()
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True,    # Ctrl-C reaches only this process
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: _die_with(runner))
+        relay = _Relay(proc, f"[peer{i}] ")
         self.agents[i] = proc
-        self.started.append(proc)
+        self.relays[i] = relay
+        self.started.append((i, proc, relay))
 
     def _running(self) -> bool:
         return any(p.poll() is None for p in self.agents.values()) or bool(self.replacements)
 
+    def _reap(self) -> None:
+        """Note every agent that ended on its own with a non-zero code (the chaos schedule's kills aside)."""
+        for i, proc, relay in self.started:
+            if proc.pid in self.reaped or proc.poll() is None:
+                continue
+            self.reaped.add(proc.pid)
+            if proc.pid not in self.chaos_killed and proc.pid not in self.lingering:
+                self.finished_at = time.monotonic()      # it ended on its own: the job may be over
+            if proc.returncode != 0 and proc.pid not in self.chaos_killed:
+                relay.join(1.0)
+                self.failures.append((i, proc.returncode, list(relay.tail)))
+
+    def _stop_lingering(self) -> None:
+        """Once an agent ended on its own (its application finished, or failed for good), the agents still
+        running that have no job left (each one waiting for members that have all gone: `show` says so, or
+        cannot answer) for LINGER_AFTER_DONE_S are stopped, gracefully. Agents still training are left alone."""
+        if self.finished_at is None:
+            return
+        now = time.monotonic()
+        live = {i: p for i, p in self.agents.items() if p.poll() is None and p.pid not in self.lingering}
+        if not live or any(not self._stalled(i) for i in live):
+            self.stalled_since = None
+            return
+        self.stalled_since = self.stalled_since or now
+        if now - max(self.stalled_since, self.finished_at) < LINGER_AFTER_DONE_S:
+            return
+        for i, proc in live.items():
+            self.lingering.add(proc.pid)
+            self._print(f"peer{i}'s agent has had no job to rejoin for {LINGER_AFTER_DONE_S:.0f} s since the others "
+                        f"ended: stopping it")
+            proc.send_signal(signal.SIGTERM)
+
+    def _stalled(self, i: int) -> bool:
+        try:
+            with self._client(self.addrs[i]) as c:
+                return bool(c.show()["agent"]["waiting"])
+        except (OSError, P2PGenError):
+            return True
+
     def _stop_all(self) -> None:
-        """SIGTERM each agent in turn (each leaves gracefully while a quorum remains), SIGKILL laggards."""
-        for proc in reversed(self.started):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        """SIGTERM every agent still running (each leaves gracefully), then SIGKILL the process group (agent
+        and application) of any agent still there after STOP_DEADLINE_S."""
+        live = [(i, p) for i, p, _ in self.started if p.poll() is None]
+        for _, proc in live:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_DEADLINE_S
+        for i, proc in live:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"peer{i}'s agent (pid {proc.pid}) did not leave within {STOP_DEADLINE_S:.0f} s: killed",
+                      file=sys.stderr, flush=True)
                 try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        for _, _, relay in self.started:
+            relay.join(1.0)
 
     # --- chaos ---------------------------------------------------------------------------------------
 
-    def _next_fault_time(self) -> float | None:
-        return time.monotonic() + self.rng.expovariate(1.0 / self.chaos) if self.chaos else None
+    def _describe_chaos(self) -> None:
+        if not self.chaos:
+            return
+        unit = "committed steps" if self.counts_steps else "seconds"
+        print(f"chaos: a fault every {self.chaos:g} {unit} on average (seed-determined), at most "
+              f"{MAX_FAULTS_IN_FLIGHT} unrecovered at a time"
+              + (f", none after step {self._last_fault_revision()}" if self.counts_steps else ""), flush=True)
+
+    def _last_fault_revision(self) -> int:
+        return int((self.steps or 0) * LAST_FAULT_FRACTION)
+
+    def _schedule_after(self, revision: int, now: float) -> float | None:
+        if not self.chaos:
+            return None
+        gap = self.chaos * self.rng.uniform(0.5, 1.5)
+        return revision + gap if self.counts_steps else now + gap
+
+    def _poll_revision(self) -> None:
+        for commit in self.commits.poll():
+            self.revision = max(self.revision, commit.revision)
+
+    def _maybe_inject(self) -> None:
+        if self._next_fault is None:
+            return
+        self._poll_revision()
+        if self.counts_steps:
+            if self.revision < self._next_fault:
+                return
+            if self.revision > self._last_fault_revision():
+                self._next_fault = None
+                return
+        elif time.monotonic() < self._next_fault or self._training_done():
+            return
+        kind = self._kinds[-1] if self._kinds else self._next_kind_refill()
+        target = self._target(kind)
+        if target is None:
+            return
+        self._kinds.pop()
+        self._inject(kind, *target)
+        self._next_fault = self._schedule_after(self.revision, time.monotonic())
+
+    def _next_kind_refill(self) -> str:
+        """Application and host faults in equal numbers, in a seeded order (pairs shuffled)."""
+        if not self.command:
+            self._kinds = ["host"]
+        elif self.n < 3:
+            self._kinds = ["application"]   # two voters: killing either agent would stop Raft until it is back
+        else:
+            self._kinds = ["application", "host"]
+            self.rng.shuffle(self._kinds)
+        return self._kinds[-1]
 
     def _training_done(self) -> bool:
         return bool(glob.glob(os.path.join(self.summary_dir, "*.json")))
 
-    def _inject(self) -> None:
-        alive = [i for i, p in self.agents.items() if p.poll() is None]
-        if len(alive) < 2:
-            return
-        i = self.rng.choice(alive)
-        if self.command and self.rng.random() < 0.7:
-            pid = self._app_pid(self.addrs[i])
+    def _target(self, kind: str) -> tuple[int, dict] | None:
+        """A peer to fault now, with its agent's `show`, or None while the fault would be unsafe: at most
+        MAX_FAULTS_IN_FLIGHT unrecovered faults at a time, never one on a peer still recovering; an application
+        only while it is a member of the active generation; a whole host only while every agent runs and
+        answers and every Raft voter is a live agent, as many as when the job first formed (so the kill can
+        never cost the job its Raft quorum)."""
+        recovering = {f.peer for f in self.faults if f.recovered_after is None}
+        if len(recovering) >= MAX_FAULTS_IN_FLIGHT:
+            return None
+        views: dict[int, dict] = {}
+        for i, proc in self.agents.items():
+            if proc.poll() is not None:
+                continue
             try:
-                os.kill(pid, signal.SIGKILL) if pid else None
+                with self._client(self.addrs[i]) as c:
+                    views[i] = c.show()
+            except (OSError, P2PGenError):
+                continue
+        if not views:
+            return None
+        self._note_voters(views)
+        active = next(iter(views.values()))["state"]["active"]
+        in_active = {m["peer_id"] for m in active["members"]} if active else set()
+        if kind == "host" and not self._raft_whole(views):
+            return None
+        candidates = sorted(i for i in views if i not in recovering and f"peer{i}" in in_active
+                            and (kind == "host" or views[i]["agent"]["app_pid"]))
+        if not candidates:
+            return None
+        i = self.rng.choice(candidates)
+        return i, views[i]
+
+    def _note_voters(self, views: dict[int, dict]) -> None:
+        if len(views) == self.n and not self.replacements:
+            self._voter_count = max(self._voter_count, len(next(iter(views.values()))["raft"]["voters"]))
+
+    def _raft_whole(self, views: dict[int, dict]) -> bool:
+        if self.replacements or len(views) < len(self.agents) or \
+                any(p.poll() is not None for p in self.agents.values()):
+            return False
+        live_nodes = {v["raft"]["self"] for v in views.values()}
+        voters = [v["node"] for v in next(iter(views.values()))["raft"]["voters"]]
+        return set(voters) <= live_nodes and len(voters) >= self._voter_count
+
+    def _inject(self, kind: str, i: int, view: dict) -> None:
+        agent = view["agent"]
+        fault = _Fault(kind, i, agent["incarnation"], self.revision, time.time())
+        if kind == "application":
+            pid = agent["app_pid"]
+            try:
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:      # it exited (or was restarted) since we asked its agent
                 return
-            if pid:
-                self._fault(f"SIGKILL application of peer{i} (pid {pid}); its agent restarts it")
-            return
-        os.killpg(self.agents[i].pid, signal.SIGKILL)
-        self.agents[i].wait()
-        self.replacements.append((time.monotonic() + AGENT_REPLACEMENT_DELAY_S, i))
-        self._fault(f"SIGKILL agent peer{i} and its application (a lost spot instance); replaced in "
-                    f"{AGENT_REPLACEMENT_DELAY_S:.0f} s")
+            self._print(f"chaos: SIGKILL application of peer{i} (pid {pid}) at revision {self.revision}; "
+                        f"its agent restarts it")
+        else:
+            proc = self.agents[i]
+            self.chaos_killed.add(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            self.replacements.append((time.monotonic() + AGENT_REPLACEMENT_DELAY_S, i))
+            self._print(f"chaos: SIGKILL agent peer{i} and its application at revision {self.revision} "
+                        f"(a lost spot instance); a new agent replaces it in {AGENT_REPLACEMENT_DELAY_S:.0f} s")
+        self.faults.append(fault)
 
     def _replace_due_agents(self, now: float) -> None:
+        if self.finished_at is not None:        # the job is ending: a replacement would find nobody to join
+            self.replacements.clear()
+            return
         for due, i in list(self.replacements):
             if now >= due:
                 self.replacements.remove((due, i))
                 self._start_agent(i, initial=False)
 
-    def _fault(self, text: str) -> None:
-        self.faults.append(text)
-        print(f"[{datetime.now().strftime('%H:%M:%S.%f')[:-3]}] chaos: {text}", flush=True)
+    def _print(self, text: str, at: float | None = None) -> None:
+        when = datetime.fromtimestamp(at).strftime("%H:%M:%S.%f")[:-3] if at else _now()
+        with _Relay.lock:
+            print(f"[{when}] {text}", flush=True)
 
     # --- observation ---------------------------------------------------------------------------------
 
     def _client(self, addr: str):
         from p2pgen.agent.client import AgentClient
         return AgentClient(addr, self.secret, timeout=2.0)
-
-    def _app_pid(self, addr: str) -> int | None:
-        try:
-            with self._client(addr) as c:
-                return c.show()["agent"]["app_pid"]
-        except (OSError, P2PGenError):
-            return None
 
     def _print_new_generations(self) -> None:
         for i, proc in self.agents.items():
@@ -174,21 +430,51 @@ class LocalJob:
             for entry in history:
                 if entry["generation"] > self.seen_generation:
                     self.seen_generation = entry["generation"]
-                    members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in entry["members"])
-                    when = datetime.fromtimestamp(entry["at"]).strftime("%H:%M:%S.%f")[:-3]
-                    print(f"[{when}] generation {entry['generation']} {entry['outcome']}: [{members}] — "
-                          f"{entry['reason']}", flush=True)
-                    if entry["certificate"] and entry["certificate"].get("recovery"):
-                        print(f"[{when}]   {entry['certificate']['recovery']}", flush=True)
+                    self._print_generation(entry)
             return
 
-    def _print_summary(self) -> None:
+    def _print_generation(self, entry: dict) -> None:
+        members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in entry["members"])
+        self._print(f"generation {entry['generation']} {entry['outcome']}: [{members}] — {entry['reason']}",
+                    entry["at"])
+        if entry["certificate"] and entry["certificate"].get("recovery"):
+            self._print(f"  {entry['certificate']['recovery']}", entry["at"])
+        if entry["outcome"] != "activated":
+            return
+        back = {m["peer_id"]: m["incarnation"] for m in entry["members"]}
+        for fault in self.faults:
+            incarnation = back.get(f"peer{fault.peer}")
+            if fault.recovered_after is None and incarnation is not None and \
+                    (fault.incarnation is None or incarnation > fault.incarnation):
+                fault.recovered_after = entry["at"] - fault.at
+                self._print(f"recovered: peer{fault.peer} is back as peer{fault.peer}#{incarnation} in generation "
+                            f"{entry['generation']}, {fault.recovered_after:.1f} s after its {fault.kind} was "
+                            f"killed", entry["at"])
+
+    # --- the end -------------------------------------------------------------------------------------
+
+    def _print_summary(self) -> int:
+        """The applications' reports, the faults and their recoveries; returns the exit code."""
         reports = []
         for path in sorted(glob.glob(os.path.join(self.summary_dir, "*.json"))):
             with open(path) as f:
                 reports.append(json.load(f))
-        if not reports:
-            return
+        identical = True
+        if reports:
+            identical = self._print_reports(reports)
+        if self.faults:
+            self._print_faults()
+        for i, code, tail in self.failures:
+            print(f"FAILED: peer{i}'s agent exited with code {code}; the last lines of its stderr:", file=sys.stderr)
+            for line in tail:
+                print(f"  [peer{i}] {line}", file=sys.stderr)
+        sys.stderr.flush()
+        if self.failures:
+            print(f"p2pgen join --local: {len(self.failures)} agent(s) failed: "
+                  f"{', '.join(f'peer{i}' for i, _, _ in self.failures)}", file=sys.stderr, flush=True)
+        return 1 if self.failures or not identical else 0
+
+    def _print_reports(self, reports: list[dict]) -> bool:
         print(f"\nsummary: {len(self.faults)} fault(s) injected, {self.seen_generation} generation number(s) used")
         rows = [["peer", "incarnation", "revision", "generations", "committed", "discarded", "s between gens",
                  "final digest"]]
@@ -196,9 +482,29 @@ class LocalJob:
             rows.append([r["peer"], str(r["incarnation"]), str(r["revision"]), str(r["generations"]),
                          str(r["steps_committed"]), str(r["steps_discarded"]), f"{r['seconds_between']:.2f}",
                          r["digest"]])
-        widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-        digests = {r["digest"] for r in reports if r["revision"] == max(x["revision"] for x in reports)}
-        verdict = "identical on every member" if len(digests) == 1 else "DIFFERENT across members"
-        print(f"final state: {verdict}")
+        _print_table(rows)
+        last = max(r["revision"] for r in reports)
+        digests = {r["digest"] for r in reports if r["revision"] == last}
+        identical = len(digests) == 1
+        verdict = "identical on every member" if identical else "DIFFERENT across members"
+        print(f"final state: {verdict}", flush=True)
+        return identical
+
+    def _print_faults(self) -> None:
+        rows = [["fault", "peer", "at revision", "recovered after"]]
+        for f in self.faults:
+            rows.append([f"{f.kind} killed", f"peer{f.peer}", str(f.revision),
+                         f"{f.recovered_after:.1f} s" if f.recovered_after is not None else "not before the end"])
+        print()
+        _print_table(rows)
+        times = [f.recovered_after for f in self.faults if f.recovered_after is not None]
+        kinds = collections.Counter(f.kind for f in self.faults)
+        text = ", ".join(f"{count} {kind} kill(s)" for kind, count in sorted(kinds.items()))
+        median = f"; median recovery {statistics.median(times):.1f} s, max {max(times):.1f} s" if times else ""
+        print(f"faults: {text}; {len(times)} of {len(self.faults)} recovered before the end{median}", flush=True)
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

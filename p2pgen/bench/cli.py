@@ -6,6 +6,7 @@ Heavy imports (numpy, torch) stay inside the handlers so that `p2pgen --help` st
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,8 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk", default="1M", help="p2pgen frame payload size (default 1M)")
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
+                                                  "(.png, .svg, .pdf; matplotlib from the sim extra)")
     p.set_defaults(func=_run_allreduce)
 
 
@@ -41,9 +44,22 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         raise SystemExit(f"p2pgen bench allreduce: {e}") from None
     if args.world < 1:
         raise SystemExit("p2pgen bench allreduce: --world must be at least 1")
+    plots = _plots_module("allreduce") if args.plot else None
     rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo)
     print(allreduce.to_json(args.world, rows) if args.json else allreduce.format_table(args.world, rows))
+    if plots is not None:
+        plots.plot_allreduce(args.world, rows, allreduce.busbw, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _plots_module(what: str):
+    """p2pgen.bench.plots, or a clear exit before any measuring when matplotlib is missing."""
+    try:
+        from p2pgen.bench import plots
+    except ImportError as e:
+        raise SystemExit(f"p2pgen bench {what} --plot needs matplotlib ({e}): pip install -e '.[sim]'") from None
+    return plots
 
 
 def _add_recovery(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +77,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
                    help="run only this section (repeatable): membership, steploop, catchup, overhead")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")
     p.add_argument("--out", help="also write the JSON to this file")
+    p.add_argument("--plot", metavar="FILE", help="also draw the step-loop table beside restart-all and the "
+                                                  "membership times to FILE (matplotlib from the sim extra)")
     p.set_defaults(func=_run_recovery)
 
 
@@ -76,7 +94,9 @@ def _run_recovery(args: argparse.Namespace) -> int:
     plan = recovery.Plan.quick() if args.quick else recovery.Plan()
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
     sections = tuple(s for s in recovery.SECTIONS if not args.only or s in args.only)
-    return recovery.main(plan, args.detect_timeout, sections, args.json, args.out)
+    if args.plot:
+        _plots_module("recovery")
+    return recovery.main(plan, args.detect_timeout, sections, args.json, args.out, args.plot)
 
 
 def _add_channel(sub: argparse._SubParsersAction) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
+from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "catchup", "overhead")
@@ -412,18 +413,22 @@ def format_overhead(s: dict[str, Any]) -> str:
 
 # --- the whole benchmark ------------------------------------------------------------------------------
 
-def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: Path) -> dict[str, Any]:
+def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: Path,
+        progress: TermProgress | None = None) -> dict[str, Any]:
+    """Run the sections in order; `progress` (if given) counts finished sections and names the current one."""
     results: dict[str, Any] = {}
     for section in sections:
         (workdir / section).mkdir()
-    if "membership" in sections:
-        results["membership"] = run_membership(plan.trials, detect_timeout, workdir / "membership")
-    if "steploop" in sections:
-        results["steploop"] = run_steploop(plan, detect_timeout, workdir / "steploop")
-    if "catchup" in sections:
-        results["catchup"] = run_catchup(plan)
-    if "overhead" in sections:
-        results["overhead"] = run_overhead(plan, detect_timeout, workdir / "overhead")
+    steps = {"membership": lambda: run_membership(plan.trials, detect_timeout, workdir / "membership"),
+             "steploop": lambda: run_steploop(plan, detect_timeout, workdir / "steploop"),
+             "catchup": lambda: run_catchup(plan),
+             "overhead": lambda: run_overhead(plan, detect_timeout, workdir / "overhead")}
+    for done, section in enumerate(s for s in SECTIONS if s in sections):
+        if progress is not None:
+            progress.update(done, f"running {section}")
+        results[section] = steps[section]()
+    if progress is not None:
+        progress.update(len(sections), "done")
     return results
 
 
@@ -456,11 +461,23 @@ def format_text(results: dict[str, Any], detect_timeout: float, plan: Plan) -> s
     return "\n\n".join(parts)
 
 
-def main(plan: Plan, detect_timeout: float, sections: tuple[str, ...], as_json: bool, out: str | None) -> int:
-    with tempfile.TemporaryDirectory(prefix="p2pgen-bench-recovery-") as tmp:
-        results = run(plan, detect_timeout, sections, Path(tmp))
+def main(plan: Plan, detect_timeout: float, sections: tuple[str, ...], as_json: bool, out: str | None,
+         plot: str | None = None) -> int:
+    progress = TermProgress(len(sections), "p2pgen bench recovery", enabled=not as_json, unit=" sections")
+    try:
+        with tempfile.TemporaryDirectory(prefix="p2pgen-bench-recovery-") as tmp:
+            results = run(plan, detect_timeout, sections, Path(tmp), progress)
+    finally:
+        progress.close()
     text = to_json(results, detect_timeout, plan)
     if out:
         Path(out).write_text(text)
     print(text if as_json else format_text(results, detect_timeout, plan))
+    if plot:
+        from p2pgen.bench.plots import plot_recovery
+        summaries = {"membership": {k: summarize(v) for k, v in results.get("membership", {}).items() if v}}
+        if "steploop" in results:
+            summaries["steploop"] = summarize_steploop(results["steploop"])
+        plot_recovery(results, summaries, STEPLOOP_METRICS, FAULTS, plot)
+        print(f"wrote {plot}", file=sys.stderr)
     return 0

@@ -1,6 +1,7 @@
 """`p2pgen chaos`: run seeded fault schedules under the recovery policies and print the table.
 
-Owns: argument parsing, the loop over (schedule, policy), progress lines on stderr, the table or
+Owns: argument parsing, the loop over (schedule, policy), progress lines on stderr (and a live done / total
+line on a terminal, not with `--json`), the table or
 `--json`, and the run directories (kept with `--keep`, else removed). Every run is judged twice: by the
 semantic checker (`checker`, against the serial history) and by the Raft checker over the agents'
 traces (`p2pgen.raft.checker`). Exit code 1 when the `certified` policy has a semantic failure or any
@@ -20,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from p2pgen.termprogress import TermProgress
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -53,9 +56,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     verdicts: dict[str, list[checker.Verdict]] = {p: [] for p in policies}
     rafts: dict[str, list[raft_checker.CheckResult]] = {p: [] for p in policies}
     runs: list[dict[str, Any]] = []
+    progress = TermProgress(count * len(policies), "p2pgen chaos", enabled=not args.json, unit=" runs")
     try:
         for s in schedules:
             for policy in policies:
+                progress.update(len(runs), f"{policy} #{s.index}")
                 started = time.monotonic()
                 result = runner.run(s, policy, root / f"{policy}-{s.index:04d}", config)
                 verdict = checker.check(result.events, result.history, s.steps, result.stalled)
@@ -68,11 +73,13 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 rafts[policy].append(raft)
                 runs.append({"policy": policy, "schedule": s.to_json(), "harness": result.harness,
                              **verdict.to_json(), "raft": raft.to_json()})
-                print(f"[{policy} #{s.index}] {'pass' if verdict.passed else 'FAIL'} "
-                      f"{', '.join(verdict.failures) or ('stalled' if verdict.stalled else '')} "
-                      f"({verdict.injections} injections, {time.monotonic() - started:.1f} s); raft "
-                      f"{report.raft_words(raft)}", file=sys.stderr, flush=True)
+                progress.write(f"[{policy} #{s.index}] {'pass' if verdict.passed else 'FAIL'} "
+                               f"{', '.join(verdict.failures) or ('stalled' if verdict.stalled else '')} "
+                               f"({verdict.injections} injections, {time.monotonic() - started:.1f} s); raft "
+                               f"{report.raft_words(raft)}")
+                progress.update(len(runs))
     finally:
+        progress.close()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     rows = [report.summarize(p, verdicts[p], rafts[p]) for p in policies]

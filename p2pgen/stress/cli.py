@@ -15,9 +15,12 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from p2pgen.termprogress import TermProgress
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -69,7 +72,7 @@ def cmd_check_traces(args: argparse.Namespace) -> int:
 
 def cmd_stress(args: argparse.Namespace) -> int:
     from p2pgen.errors import P2PGenError
-    from p2pgen.stress.harness import StressConfig, run
+    from p2pgen.stress.harness import FAULTS_BEGIN, FAULTS_END, StressConfig, run
 
     if args.agents < 2 or args.duration <= 0:
         print("p2pgen stress: --agents must be at least 2 and --duration positive", file=sys.stderr)
@@ -87,11 +90,24 @@ def cmd_stress(args: argparse.Namespace) -> int:
     run_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="p2pgen-stress-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     out = sys.stderr if args.json else sys.stdout
+    progress = TermProgress(args.duration, "p2pgen stress: faults", stream=out, enabled=not args.json, unit=" s")
+    faults_began: list[float] = []
+
+    def say(line: str) -> None:
+        if line.endswith(FAULTS_BEGIN):
+            faults_began.append(time.monotonic())
+        elif line.endswith(FAULTS_END):
+            progress.note = "settling"
+        progress.write(line)
+
+    progress.tick(lambda: time.monotonic() - faults_began[0] if faults_began else 0.0)
     try:
-        report = run(config, run_dir, say=lambda line: print(line, file=out, flush=True))
+        report = run(config, run_dir, say=say)
     except P2PGenError as e:
         print(f"p2pgen stress: {e}", file=sys.stderr)
         return 2
+    finally:
+        progress.close()
     if args.json:
         print(json.dumps({"agents": args.agents, "duration_s": args.duration, "seed": args.seed,
                           **report.to_json()}, indent=1))

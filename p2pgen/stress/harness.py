@@ -34,6 +34,9 @@ from p2pgen.stress.progress import ENV as PROGRESS_ENV
 from p2pgen.stress.progress import CommitLog, write_stop
 from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
 
+FAULTS_BEGIN = "training started: faults begin"      # said when the fault phase starts (the CLI times it)
+FAULTS_END = "faults end; waiting for the job to settle"
+
 LOOP_S = 0.05
 OBSERVE_EVERY_S = 1.0
 HISTORY_EVERY_S = 2.0
@@ -162,7 +165,7 @@ class Harness:
         while time.monotonic() < deadline:
             if self._poll_commits():
                 first = min(c.t for c in self.commits.commits)
-                self.say("training started: faults begin")
+                self.say(FAULTS_BEGIN)
                 return first
             self._tick()
             time.sleep(LOOP_S)
@@ -379,7 +382,7 @@ class Harness:
     def _finish(self) -> bool:
         """Let the timers run out, wait for every live agent's application to be in the active generation,
         then stop every application at one revision. True when they all got there in time."""
-        self.say("faults end; waiting for the job to settle")
+        self.say(FAULTS_END)
         deadline = time.monotonic() + self.config.settle_timeout
         settled_views = 0
         while time.monotonic() < deadline:
