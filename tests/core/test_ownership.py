@@ -1,0 +1,141 @@
+"""plan_ownership (p2pgen.core.ownership): the ownership map of sharded objects across membership changes.
+
+Properties checked with Hypothesis on random member sets, old maps, shard sizes and replication factors:
+every shard gets min(r, world) distinct live owners; a shard whose owners all survive does not move; the
+bytes moved equal the lower bound (missing owners times size) and never exceed the rank-arithmetic baseline;
+the result is deterministic and does not depend on the order of the mappings it is given.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pgen.core.ownership import (
+    Partition, bytes_to_reach, layout_text, naive_ownership, parse_layout, parse_shards, plan_ownership, shards_text,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+NAMES = [f"p{i}" for i in range(8)]
+
+
+@st.composite
+def scenarios(draw):
+    old_members = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=8, unique=True))
+    new_members = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=8, unique=True))
+    n_shards = draw(st.integers(1, 12))
+    sizes = {("m", i): draw(st.integers(1, 1000)) for i in range(n_shards)}
+    r = draw(st.integers(1, 9))
+    old = plan_ownership(old_members, {}, sizes, r).map()
+    # some owners may have lost their copy (an application crash) besides the members that left
+    lost = draw(st.sets(st.sampled_from(sorted(sizes)), max_size=n_shards))
+    old = {k: tuple(o for j, o in enumerate(w) if not (k in lost and j == 0)) for k, w in old.items()}
+    return new_members, old, sizes, r
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_every_shard_has_min_r_world_live_owners(case):
+    members, old, sizes, r = case
+    plan = plan_ownership(members, old, sizes, r)
+    for key, owners in plan.owners:
+        assert len(owners) == len(set(owners)) == min(r, len(members))
+        assert set(owners) <= set(members)
+    assert {k for k, _ in plan.owners} == set(sizes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_shards_whose_owners_survive_do_not_move(case):
+    members, old, sizes, r = case
+    plan = plan_ownership(members, old, sizes, r)
+    new = plan.map()
+    for key, owners in old.items():
+        if owners and set(owners) <= set(members) and len(owners) == min(r, len(members)):
+            assert set(new[key]) == set(owners), key
+    moved = {m.key for m in plan.moves}
+    for key, owners in old.items():
+        if len(set(owners) & set(members)) >= min(r, len(members)):
+            assert key not in moved
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_bytes_moved_are_the_lower_bound_and_beat_the_naive_baseline(case):
+    members, old, sizes, r = case
+    plan = plan_ownership(members, old, sizes, r)
+    k = min(r, len(members))
+    survivors = {key: set(old.get(key, ())) & set(members) for key in sizes}
+    lower_bound = sum(max(0, k - len(survivors[key])) * sizes[key] for key in sizes)
+    copied = bytes_to_reach(plan.map(), {key: tuple(s) for key, s in survivors.items()}, sizes)
+    assert copied == lower_bound == sum(m.nbytes for m in plan.moves)
+    naive = bytes_to_reach(naive_ownership(members, sizes, r), {key: tuple(s) for key, s in survivors.items()}, sizes)
+    assert copied <= naive
+    assert set(plan.lost) == {key for key in sizes if not survivors[key]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.randoms(use_true_random=False))
+def test_deterministic_whatever_the_mapping_order(case, rnd):
+    members, old, sizes, r = case
+    first = plan_ownership(members, old, sizes, r)
+    old_items, size_items = list(old.items()), list(sizes.items())
+    rnd.shuffle(old_items)
+    rnd.shuffle(size_items)
+    assert plan_ownership(members, dict(old_items), dict(size_items), r) == first
+
+
+def test_full_replication_when_r_is_the_world():
+    sizes = Partition("adam", 10, 5, 4, r=3).sizes()
+    plan = plan_ownership(["a", "b", "c"], {}, sizes, 3)
+    assert all(set(w) == {"a", "b", "c"} for _, w in plan.owners)
+
+
+def test_load_stays_balanced_from_scratch():
+    sizes = Partition("adam", 4000, 16, 4).sizes()
+    plan = plan_ownership(["a", "b", "c", "d"], {}, sizes, 2)
+    load = plan.load(sizes)
+    assert max(load.values()) - min(load.values()) <= max(sizes.values())
+    assert sum(load.values()) == 2 * 4000 * 4
+
+
+def test_kill_one_of_four_moves_only_its_shards():
+    sizes = Partition("adam", 4000, 16, 4).sizes()
+    before = plan_ownership(["a", "b", "c", "d"], {}, sizes, 2).map()
+    after = plan_ownership(["a", "b", "d"], before, sizes, 2)
+    held_by_c = [k for k, w in before.items() if "c" in w]
+    assert sorted({m.key for m in after.moves}) == sorted(held_by_c)
+    assert all(m.sources and "c" not in m.sources for m in after.moves)
+    assert after.lost == ()
+
+
+def test_both_owners_dead_is_lost():
+    sizes = Partition("adam", 8, 4, 4).sizes()
+    before = plan_ownership(["a", "b", "c", "d"], {}, sizes, 2).map()
+    key, owners = next(iter(before.items()))
+    after = plan_ownership([m for m in "abcd" if m not in owners], before, sizes, 2)
+    assert key in after.lost
+    assert all(not m.sources for m in after.moves if m.key == key)
+
+
+def test_text_forms_round_trip_and_reject_bad_input():
+    layout = (Partition("a", 10, 3, 4, 2), Partition("b", 7, 7, 8, 1))
+    assert parse_layout(layout_text(layout)) == layout
+    held = {("a", 0): "ff", ("b", 6): "00"}
+    assert parse_shards(shards_text(held)) == held
+    with pytest.raises(ValueError, match="expected 'id:length"):
+        parse_layout("a:10:3")
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_shards("a:0:ff,a:0:ee")
+    with pytest.raises(ValueError, match="empty shards"):
+        Partition("a", 2, 3, 4)
+    with pytest.raises(ValueError, match="no members"):
+        plan_ownership([], {}, {("a", 0): 1}, 2)
+
+
+def test_partition_bounds_cover_the_object():
+    p = Partition("x", 10, 3, 2)
+    assert [p.bounds(i) for i in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert sum(p.sizes().values()) == p.nbytes
