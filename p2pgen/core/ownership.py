@@ -21,7 +21,7 @@ memory per member stays near `r / world` of the total as members leave.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ShardKey = tuple[str, int]          # (object id, shard index)
 _FORBIDDEN = set(":; ,=#")
@@ -153,12 +153,18 @@ class OwnershipPlan:
 
 
 def plan_ownership(members: Sequence[str], old_map: Mapping[ShardKey, Sequence[str]],
-                   shard_sizes: Mapping[ShardKey, int], r: int | Mapping[str, int] = 2) -> OwnershipPlan:
+                   shard_sizes: Mapping[ShardKey, int], r: int | Mapping[str, int] = 2,
+                   balance: float | None = None) -> OwnershipPlan:
     """Choose the owners of every shard in `shard_sizes` among `members` (in rank order), keeping
     surviving owners from `old_map` so that as few bytes as possible move (see the module docstring).
 
     `r` is the replication factor, one for all objects or per object id; `r >= len(members)` means every
-    member holds every shard (full replication)."""
+    member holds every shard (full replication).
+
+    `balance` (None: off) trades bytes for memory: after the minimal plan, while a member owns more than
+    the fair share (total / world) plus `balance` times the largest shard, one of its shards moves to the
+    least loaded member that can take it without ending above it. Growth then spreads the state over the
+    new members (memory per member follows r / world) at the price of those extra moves."""
     if not members:
         raise ValueError("plan_ownership: no members to own the shards")
     if len(set(members)) != len(members):
@@ -192,8 +198,44 @@ def plan_ownership(members: Sequence[str], old_map: Mapping[ShardKey, Sequence[s
             kept[key].append(to)
             load[to] += shard_sizes[key]
             moves.append(Move(key, to, shard_sizes[key], sources))
+    if balance is not None:
+        _rebalance(members, order, kept, load, shard_sizes, moves, old_map, balance)
     owners = tuple((key, tuple(sorted(kept[key], key=order.__getitem__))) for key in sorted(shard_sizes))
     return OwnershipPlan(owners, tuple(sorted(moves, key=lambda m: (m.key, order[m.to]))), tuple(sorted(lost)))
+
+
+def _rebalance(members: Sequence[str], order: Mapping[str, int], kept: dict[ShardKey, list[str]],
+               load: dict[str, int], sizes: Mapping[ShardKey, int], moves: list[Move],
+               old_map: Mapping[ShardKey, Sequence[str]], balance: float) -> None:
+    """Move shards from members above the fair share (plus slack) to the least loaded (see plan_ownership).
+    Each move strictly lowers the sum of squared loads, so the loop ends."""
+    if not sizes:
+        return
+    cap = sum(load.values()) / len(members) + balance * max(sizes.values())
+    while True:
+        donor = max(members, key=lambda m: (load[m], order[m]))
+        if load[donor] <= cap:
+            return
+        best = None
+        for key in _largest_first(sizes):
+            if donor not in kept[key]:
+                continue
+            takers = [m for m in members if m not in kept[key] and load[m] + sizes[key] < load[donor]]
+            if takers:
+                best = (key, min(takers, key=lambda m: (load[m], order[m])))
+                break
+        if best is None:
+            return
+        key, to = best
+        kept[key][kept[key].index(donor)] = to
+        load[donor] -= sizes[key]
+        load[to] += sizes[key]
+        planned = next((i for i, mv in enumerate(moves) if mv.key == key and mv.to == donor), None)
+        if planned is not None:              # the donor was to receive it in this plan: redirect that copy
+            moves[planned] = replace(moves[planned], to=to)
+        else:
+            holders = tuple(o for o in kept[key] if o != to and o in set(old_map.get(key, ()))) + (donor,)
+            moves.append(Move(key, to, sizes[key], tuple(sorted(set(holders), key=order.__getitem__))))
 
 
 def naive_ownership(members: Sequence[str], shard_sizes: Mapping[ShardKey, int], r: int) -> dict[ShardKey, tuple[str, ...]]:

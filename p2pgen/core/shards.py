@@ -11,7 +11,9 @@ Invariants:
   so an activation never mixes revisions (a stale replica is not a source);
 - a shard no frontier holder has is `lost`: the caller must choose a lower frontier (a checkpoint) and
   say so (`regressed_from`), except at revision 0 where it is recomputed from the object's initial value;
-- when the frontier comes from a checkpoint, its loaders hold every shard (a checkpoint holds each once).
+- when the frontier comes from a checkpoint, its loaders hold every shard (a checkpoint holds each once);
+- the map is balanced (`BALANCE_SLACK`): after a join, shards move to the new members until nobody owns more
+  than the fair share plus less than one shard, so memory per member follows r / world both ways.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import xxhash
 from p2pgen.core.model import Election, Member, ObjectRecord, ReadyVote, ShardPull
 from p2pgen.core.ownership import VERIFY_RULE_SHARD, Partition, ShardKey, plan_ownership
 
+BALANCE_SLACK = 0.0      # rebalance while a move from the most loaded member to another strictly evens the loads
 OwnerLabels = Mapping[ShardKey, tuple[str, ...]]     # shard -> "peer#incarnation" owners
 
 
@@ -47,7 +50,8 @@ def elect_shards(members: Sequence[Member], votes: Mapping[str, ReadyVote], elec
     lost = tuple(k for k in sorted(sizes) if not holders[k])
     label = {m.peer_id: f"{m.peer_id}#{m.incarnation}" for m in members}
     incarnation = {m.peer_id: m.incarnation for m in members}
-    plan = plan_ownership([m.peer_id for m in members], holders, sizes, {p.object_id: p.r for p in layout})
+    plan = plan_ownership([m.peer_id for m in members], holders, sizes, {p.object_id: p.r for p in layout},
+                          balance=BALANCE_SLACK)
     pulls = tuple(ShardPull(mv.to, incarnation[mv.to], mv.key[0], mv.key[1], mv.nbytes, mv.sources,
                             digests.get(mv.key, "")) for mv in plan.moves)
     ownership = tuple((k[0], k[1], tuple(label[o] for o in owners)) for k, owners in plan.owners)

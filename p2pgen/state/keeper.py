@@ -108,6 +108,8 @@ class StateKeeper:
             return self.restored
         self.epoch = done.info.epoch
         self.lineage = done.info.generation
+        for obj in self.state.sharded.values():
+            obj.keep_only([])          # the local copy holds no shards: never claim initial values at its revision
         self._saved = (done.info.revision, done.info.digest)
         self.restored = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
                          f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "
@@ -119,6 +121,8 @@ class StateKeeper:
         """What a `ready` vote says about the state (its epoch) and the newest usable checkpoint."""
         self.instance = job_state["instance"]
         fields: dict[str, Any] = {"epoch": self.epoch}
+        if self.state.sharded:         # checkpoints hold no shards yet: offering one would resume without them
+            return fields
         best = self._best_checkpoint(job_state)
         if best is not None:
             info, epoch = best

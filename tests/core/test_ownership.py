@@ -139,3 +139,34 @@ def test_partition_bounds_cover_the_object():
     p = Partition("x", 10, 3, 2)
     assert [p.bounds(i) for i in range(3)] == [(0, 4), (4, 7), (7, 10)]
     assert sum(p.sizes().values()) == p.nbytes
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios(), st.sampled_from([0.0, 0.5, 1.0]))
+def test_balance_bounds_memory_per_member_and_still_copies_only_from_holders(case, slack):
+    members, old, sizes, r = case
+    minimal = plan_ownership(members, old, sizes, r)
+    plan = plan_ownership(members, old, sizes, r, balance=slack)
+    load = plan.load(sizes)
+    fair = sum(load.values()) / len(members)
+    largest = max(sizes.values())
+    assert max(load.get(m, 0) for m in members) <= fair + max(slack, 1.0) * largest
+    for key, owners in plan.owners:
+        assert len(owners) == len(set(owners)) == min(r, len(members))
+    survivors = {key: set(old.get(key, ())) & set(members) for key in sizes}
+    for mv in plan.moves:
+        assert set(mv.sources) <= survivors[mv.key] and mv.to not in survivors[mv.key]
+    new = plan.map()
+    assert {(mv.key, mv.to) for mv in plan.moves} == {(k, o) for k in sizes for o in new[k] if o not in survivors[k]}
+    assert plan.bytes_moved >= minimal.bytes_moved
+    assert plan_ownership(members, old, sizes, r, balance=slack) == plan
+
+
+def test_growth_spreads_shards_over_new_members_when_balancing():
+    sizes = Partition("adam", 4000, 16, 4).sizes()
+    three = plan_ownership(["a", "b", "c"], {}, sizes, 2).map()
+    grown = plan_ownership(["a", "b", "c", "d", "e"], three, sizes, 2, balance=1.0)
+    load = grown.load(sizes)
+    assert load["d"] > 0 and load["e"] > 0
+    assert max(load.values()) <= 2 * 4000 * 4 / 5 + max(sizes.values())
+    assert plan_ownership(["a", "b", "c", "d", "e"], three, sizes, 2).bytes_moved == 0

@@ -40,3 +40,47 @@ def test_declaring_twice_is_a_clear_error():
     state.shard("adam", 4, 2)
     with pytest.raises(ValueError, match="already declared"):
         state.shard("adam", 4, 2)
+
+
+def _sharded(values: list[float], held: list[int]) -> SharedState:
+    state = SharedState({"w": np.zeros(2, np.float32)})
+    obj = state.shard("adam", 6, 3, "float32")
+    for i in obj.owned():
+        start, stop = obj.bounds(i)
+        obj.held[i][:] = values[start:stop]
+    obj.keep_only(held)
+    return state
+
+
+def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers):
+    from p2pgen.state.pull import PullConfig
+    from p2pgen.state.shardpull import pull_shards
+    from tests.state.helpers import JOB, SECRET, source_of
+    good = _sharded([1, 2, 3, 4, 5, 6], [1, 2])
+    stale = _sharded([1, 2, 9, 9, 5, 6], [1])             # an older revision's copy of shard 1
+    puller = _sharded([0] * 6, [0])
+    digest = good.sharded["adam"].digest(1)
+    s_stale, s_good = servers(stale, ("stale", 1)), servers(good, ("good", 1))
+    with s_stale.serving(3), s_good.serving(3):
+        pulls = [{"object_id": "adam", "shard": 1, "nbytes": 8, "sources": ["stale", "good"], "digest": digest}]
+        report = pull_shards(puller, pulls, {"stale": source_of(s_stale), "good": source_of(s_good)}, job=JOB,
+                             secret=SECRET, me=("p", 1), generation=3, frontier_revision=7,
+                             config=PullConfig(chunk_bytes=3))
+    assert puller.sharded["adam"].held[1].tolist() == [3.0, 4.0]
+    assert report.shards == ["adam[1]<-good"] and report.bytes_by_source == {"good": 8}
+    assert "adam[1]<-stale" in report.failures and "does not hash" in report.failures["adam[1]<-stale"]
+
+
+def test_pull_shards_fails_loudly_when_no_source_has_it(servers):
+    from p2pgen.state.shardpull import pull_shards
+    from p2pgen.state.wire import StateSyncError
+    from tests.state.helpers import JOB, SECRET, source_of
+    other = _sharded([1, 2, 3, 4, 5, 6], [0])
+    puller = _sharded([0] * 6, [])
+    server = servers(other, ("o", 1))
+    with server.serving(2):
+        pulls = [{"object_id": "adam", "shard": 2, "nbytes": 8, "sources": ["o"], "digest": "x"}]
+        with pytest.raises(StateSyncError, match="could not pull shard adam\\[2\\]"):
+            pull_shards(puller, pulls, {"o": source_of(server)}, job=JOB, secret=SECRET, me=("p", 1),
+                        generation=2, frontier_revision=5)
+    assert puller.sharded["adam"].owned() == []
