@@ -161,10 +161,10 @@ def plan_ownership(members: Sequence[str], old_map: Mapping[ShardKey, Sequence[s
     `r` is the replication factor, one for all objects or per object id; `r >= len(members)` means every
     member holds every shard (full replication).
 
-    `balance` (None: off) trades bytes for memory: after the minimal plan, while a member owns more than
-    the fair share (total / world) plus `balance` times the largest shard, one of its shards moves to the
-    least loaded member that can take it without ending above it. Growth then spreads the state over the
-    new members (memory per member follows r / world) at the price of those extra moves."""
+    `balance` (None: off) trades bytes for memory after growth: after the minimal plan, while a member owns
+    less than the fair share (total / world) minus `balance` times the largest shard (a joiner), a shard of
+    the most loaded member moves to it. Growth then spreads the state over the new members (memory per
+    member follows r / world) at the price of those extra moves; a shrink moves only the minimum."""
     if not members:
         raise ValueError("plan_ownership: no members to own the shards")
     if len(set(members)) != len(members):
@@ -207,26 +207,22 @@ def plan_ownership(members: Sequence[str], old_map: Mapping[ShardKey, Sequence[s
 def _rebalance(members: Sequence[str], order: Mapping[str, int], kept: dict[ShardKey, list[str]],
                load: dict[str, int], sizes: Mapping[ShardKey, int], moves: list[Move],
                old_map: Mapping[ShardKey, Sequence[str]], balance: float) -> None:
-    """Move shards from members above the fair share (plus slack) to the least loaded (see plan_ownership).
-    Each move strictly lowers the sum of squared loads, so the loop ends."""
+    """While some member owns less than the fair share minus `balance` largest shards (a joiner), move a
+    shard to it from the most loaded member (see plan_ownership). A shrink leaves nobody that far below
+    the fair share, so it moves nothing more than the minimum. Each move strictly lowers the sum of squared
+    loads, so the loop ends."""
     if not sizes:
         return
-    cap = sum(load.values()) / len(members) + balance * max(sizes.values())
+    floor = sum(load.values()) / len(members) - balance * max(sizes.values())
     while True:
+        to = min(members, key=lambda m: (load[m], order[m]))
+        if load[to] >= floor:
+            return
         donor = max(members, key=lambda m: (load[m], order[m]))
-        if load[donor] <= cap:
+        key = next((k for k in _largest_first(sizes)
+                    if donor in kept[k] and to not in kept[k] and load[to] + sizes[k] < load[donor]), None)
+        if key is None:
             return
-        best = None
-        for key in _largest_first(sizes):
-            if donor not in kept[key]:
-                continue
-            takers = [m for m in members if m not in kept[key] and load[m] + sizes[key] < load[donor]]
-            if takers:
-                best = (key, min(takers, key=lambda m: (load[m], order[m])))
-                break
-        if best is None:
-            return
-        key, to = best
         kept[key][kept[key].index(donor)] = to
         load[donor] -= sizes[key]
         load[to] += sizes[key]

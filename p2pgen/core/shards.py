@@ -12,8 +12,11 @@ Invariants:
 - a shard no frontier holder has is `lost`: the caller must choose a lower frontier (a checkpoint) and
   say so (`regressed_from`), except at revision 0 where it is recomputed from the object's initial value;
 - when the frontier comes from a checkpoint, its loaders hold every shard (a checkpoint holds each once);
-- the map is balanced (`BALANCE_SLACK`): after a join, shards move to the new members until nobody owns more
-  than the fair share plus less than one shard, so memory per member follows r / world both ways.
+- objects cut alike (same length, shards and r) are owned together: shard i of each has the same owners
+  (`colocated`), and a member counts as a holder of that unit only if it holds all of them;
+- the map is balanced (`BALANCE_SLACK`): after a join, shards move to the new members until nobody owns less
+  than the fair share minus one largest shard, so memory per member follows r / world both ways; a shrink
+  moves only the shards that lost an owner.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import xxhash
 from p2pgen.core.model import Election, Member, ObjectRecord, ReadyVote, ShardPull
 from p2pgen.core.ownership import VERIFY_RULE_SHARD, Partition, ShardKey, plan_ownership
 
-BALANCE_SLACK = 0.0      # rebalance while a move from the most loaded member to another strictly evens the loads
+BALANCE_SLACK = 1.0      # a member below the fair share by more than one largest shard (a joiner) receives shards
 OwnerLabels = Mapping[ShardKey, tuple[str, ...]]     # shard -> "peer#incarnation" owners
 
 
@@ -50,11 +53,21 @@ def elect_shards(members: Sequence[Member], votes: Mapping[str, ReadyVote], elec
     lost = tuple(k for k in sorted(sizes) if not holders[k])
     label = {m.peer_id: f"{m.peer_id}#{m.incarnation}" for m in members}
     incarnation = {m.peer_id: m.incarnation for m in members}
-    plan = plan_ownership([m.peer_id for m in members], holders, sizes, {p.object_id: p.r for p in layout},
-                          balance=BALANCE_SLACK)
-    pulls = tuple(ShardPull(mv.to, incarnation[mv.to], mv.key[0], mv.key[1], mv.nbytes, mv.sources,
-                            digests.get(mv.key, "")) for mv in plan.moves)
-    ownership = tuple((k[0], k[1], tuple(label[o] for o in owners)) for k, owners in plan.owners)
+    groups = colocated(layout)
+    unit_sizes = {(gid, i): sum(sizes[(p.object_id, i)] for p in group)
+                  for gid, group in groups.items() for i in range(group[0].shards)}
+    unit_holders = {(gid, i): [m for m in holders[(group[0].object_id, i)]
+                               if all(m in holders[(p.object_id, i)] for p in group)]
+                    for gid, group in groups.items() for i in range(group[0].shards)}
+    plan = plan_ownership([m.peer_id for m in members], unit_holders, unit_sizes,
+                          {gid: group[0].r for gid, group in groups.items()}, balance=BALANCE_SLACK)
+    pulls = tuple(ShardPull(mv.to, incarnation[mv.to], p.object_id, mv.key[1], sizes[(p.object_id, mv.key[1])],
+                            mv.sources, digests.get((p.object_id, mv.key[1]), ""))
+                  for mv in plan.moves for p in groups[mv.key[0]])
+    unit_owners = plan.map()
+    owners_of = {(p.object_id, i): unit_owners[(gid, i)]
+                 for gid, group in groups.items() for p in group for i in range(p.shards)}
+    ownership = tuple((k[0], k[1], tuple(label[o] for o in owners_of[k])) for k in sorted(owners_of))
     old_layout = {p.object_id: p for p in previous_layout}
     records = tuple(_record(p, election, previous, ownership, holders, digests, lost, old_layout.get(p.object_id))
                     for p in sorted(layout))
@@ -62,6 +75,15 @@ def elect_shards(members: Sequence[Member], votes: Mapping[str, ReadyVote], elec
     note = f"shards: {len(pulls)} move(s), {moved} byte(s)" + (f"; {len(lost)} shard(s) lost" if lost else "")
     return replace(election, ownership=ownership, shard_pulls=pulls, objects=records, lost_shards=lost,
                    reason=f"{election.reason}; {note}")
+
+
+def colocated(layout: Sequence[Partition]) -> dict[str, list[Partition]]:
+    """Objects cut alike (same length, shard count and r) are owned together, shard i with shard i: the AdamW
+    moments of one parameter range live on the same members (ZeRO-1). Keyed by the group's first object id."""
+    by_cut: dict[tuple[int, int, int], list[Partition]] = {}
+    for p in sorted(layout):
+        by_cut.setdefault((p.length, p.shards, p.r), []).append(p)
+    return {group[0].object_id: group for group in by_cut.values()}
 
 
 def _holders(members: Sequence[Member], votes: Mapping[str, ReadyVote], election: Election,

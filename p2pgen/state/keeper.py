@@ -108,8 +108,6 @@ class StateKeeper:
             return self.restored
         self.epoch = done.info.epoch
         self.lineage = done.info.generation
-        for obj in self.state.sharded.values():
-            obj.keep_only([])          # the local copy holds no shards: never claim initial values at its revision
         self._saved = (done.info.revision, done.info.digest)
         self.restored = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
                          f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "

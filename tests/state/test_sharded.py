@@ -84,3 +84,16 @@ def test_pull_shards_fails_loudly_when_no_source_has_it(servers):
             pull_shards(puller, pulls, {"o": source_of(server)}, job=JOB, secret=SECRET, me=("p", 1),
                         generation=2, frontier_revision=5)
     assert puller.sharded["adam"].owned() == []
+
+
+def test_local_copy_keeps_the_shards_held_and_restores_exactly_those(tmp_path):
+    from p2pgen.state import LocalCopy
+    state = _sharded([1, 2, 3, 4, 5, 6], [0, 2])
+    state.revision = 9
+    copy = LocalCopy(str(tmp_path), "job", "p0")
+    copy.save(state, instance="i", incarnation=1, generation=3, epoch=1)
+    fresh = _sharded([0] * 6, [0, 1, 2])                  # a restarted application: every shard at its initial value
+    copy.load_into(fresh, instance="i")
+    assert fresh.revision == 9 and fresh.sharded["adam"].owned() == [0, 2]
+    assert fresh.sharded["adam"].held[2].tolist() == [5.0, 6.0]
+    assert fresh.shards_text() == state.shards_text()
