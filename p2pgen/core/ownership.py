@@ -164,7 +164,8 @@ def plan_ownership(members: Sequence[str], old_map: Mapping[ShardKey, Sequence[s
     `balance` (None: off) trades bytes for memory after growth: after the minimal plan, while a member owns
     less than the fair share (total / world) minus `balance` times the largest shard (a joiner), a shard of
     the most loaded member moves to it. Growth then spreads the state over the new members (memory per
-    member follows r / world) at the price of those extra moves; a shrink moves only the minimum."""
+    member follows r / world) at the price of those extra moves; a shrink moves more than the minimum only
+    when the minimal plan would leave a member that far below the fair share."""
     if not members:
         raise ValueError("plan_ownership: no members to own the shards")
     if len(set(members)) != len(members):
@@ -208,9 +209,8 @@ def _rebalance(members: Sequence[str], order: Mapping[str, int], kept: dict[Shar
                load: dict[str, int], sizes: Mapping[ShardKey, int], moves: list[Move],
                old_map: Mapping[ShardKey, Sequence[str]], balance: float) -> None:
     """While some member owns less than the fair share minus `balance` largest shards (a joiner), move a
-    shard to it from the most loaded member (see plan_ownership). A shrink leaves nobody that far below
-    the fair share, so it moves nothing more than the minimum. Each move strictly lowers the sum of squared
-    loads, so the loop ends."""
+    shard to it from the most loaded member (see plan_ownership). Each move strictly lowers the sum of
+    squared loads, so the loop ends."""
     if not sizes:
         return
     floor = sum(load.values()) / len(members) - balance * max(sizes.values())

@@ -15,8 +15,8 @@ Invariants:
 - objects cut alike (same length, shards and r) are owned together: shard i of each has the same owners
   (`colocated`), and a member counts as a holder of that unit only if it holds all of them;
 - the map is balanced (`BALANCE_SLACK`): after a join, shards move to the new members until nobody owns less
-  than the fair share minus one largest shard, so memory per member follows r / world both ways; a shrink
-  moves only the shards that lost an owner.
+  than the fair share minus one largest shard, so memory per member follows r / world both ways (a shrink
+  moves more than the shards that lost an owner only when that alone would leave a member that far below).
 """
 
 from __future__ import annotations

@@ -102,3 +102,42 @@ def test_shards_move_from_replicas_before_activation_and_training_stays_exact(cl
     # memory: each member holds r/world of m's shards (8 of 4 * 2 shard copies over 3 members: 2 or 3 shards)
     assert sorted(len(f["held"]) for f in finals) in ([2, 3, 3], [2, 2, 4])
     assert all(c["regressed_from"] is None for c in history)
+
+
+def test_both_owners_hosts_lost_falls_back_to_a_checkpoint_holding_every_shard(cluster, run_env, tmp_path,
+                                                                               monkeypatch):
+    """Every owner of a shard loses its host (no local copy survives): the revision cannot be rebuilt whole,
+    so the job waits (--regress-wait), then resumes from the newest checkpoint whose shards were all written
+    by their first owners, loudly (regressed_from), and still ends equal to the reference."""
+    steps, ckpts = 150, tmp_path / "checkpoints"
+    monkeypatch.setenv("EXACT_STEPS", str(steps))
+    peers = ("p0", "p1", "p2", "p3", "p4")
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(len(peers))]
+    for peer, addr in zip(peers, addrs):
+        cluster.start(peer, addr, [a for a in addrs if a != addr], command=APP,
+                      extra=("--min-members=5", "--attach-grace=60", f"--checkpoint-dir={ckpts}",
+                             "--checkpoint-every=10", "--regress-wait=3"))
+    cluster.wait_until(lambda: committed(run_env["traces"]) >= 25, 120, "25 steps committed")
+    with cluster.client(addrs[0]) as c:
+        cert = c.show()["state"]["active"]
+    owners = sorted({o.split("#")[0] for o in owners_of(cert)[0]})
+    assert len(owners) == 2
+    for owner in owners:                                            # both hosts of shard 0's owners, at once
+        os.killpg(cluster.agents[owner].pid, signal.SIGKILL)
+    lost_at = time.time()
+    live = [a for p, a in zip(peers, addrs) if p not in owners]
+    back, history = wait_certificate(cluster, live[0], lambda c: c["activated_at"] > lost_at, 90,
+                                     "the generation after both owners were lost")
+    assert back["regressed_from"] is not None and back["frontier_source"] == "checkpoint", back["recovery"]
+    assert back["frontier"]["revision"] % 10 == 0 and "REGRESSED" in back["recovery"]
+    assert {rec["reconstruction_source"] for rec in back["objects"]} == {"checkpoint"}
+    assert all(len(o) == 2 and not set(o) & set(owners) for o in owners_of(back).values())
+    survivors = [p for p in peers if p not in owners]
+    for peer in survivors:
+        agent = cluster.agents[peer]
+        cluster.wait_until(lambda: not agent.alive(), 150, f"{peer} finishing")
+        assert agent.proc.returncode == 0, cluster.logs()
+    finals = [json.loads(Path(p).read_text()) for p in glob.glob(str(run_env["summaries"] / "*.json"))]
+    assert sorted(f["peer"] for f in finals) == survivors
+    for f in finals:
+        assert f["revision"] == steps and f["w"] == reference(steps).tolist(), f

@@ -97,3 +97,37 @@ def test_local_copy_keeps_the_shards_held_and_restores_exactly_those(tmp_path):
     assert fresh.revision == 9 and fresh.sharded["adam"].owned() == [0, 2]
     assert fresh.sharded["adam"].held[2].tolist() == [5.0, 6.0]
     assert fresh.shards_text() == state.shards_text()
+
+
+def test_checkpointed_shards_are_written_once_each_and_a_checkpoint_is_complete_only_with_all(tmp_path):
+    from p2pgen.state.checkpoint import CheckpointError
+    from p2pgen.state.shardckpt import find_shards, load_shards, write_shards
+    a = _sharded([1, 2, 3, 4, 5, 6], [0, 1])
+    b = _sharded([1, 2, 3, 4, 5, 6], [1, 2])
+    a.revision = b.revision = 10
+    layout = [a.sharded["adam"].partition]
+    assert write_shards(a, tmp_path, [("adam", 0), ("adam", 1)]) == 2
+    assert find_shards(tmp_path, 10, layout) is None              # adam[2]'s owner has not written yet
+    assert write_shards(b, tmp_path, [("adam", 1), ("adam", 2)]) == 1   # adam[1] is there already
+    assert sorted(find_shards(tmp_path, 10, layout)) == [("adam", 0), ("adam", 1), ("adam", 2)]
+    fresh = _sharded([0] * 6, [0, 1, 2])
+    load_shards(fresh, tmp_path, 10)
+    assert [fresh.sharded["adam"].held[i].tolist() for i in range(3)] == [[1, 2], [3, 4], [5, 6]]
+    path, _ = find_shards(tmp_path, 10, layout)[("adam", 2)]
+    path.write_bytes(b"\0" * 8)                                      # corrupted on disk
+    with pytest.raises(CheckpointError, match="does not hash"):
+        load_shards(_sharded([0] * 6, [0]), tmp_path, 10)
+
+
+def test_keeper_offers_a_sharded_checkpoint_only_when_every_shard_is_there(tmp_path):
+    from p2pgen.state import StateKeeper, StateKeeperConfig
+    from p2pgen.state.checkpoint import write_checkpoint
+    job_state = {"instance": "i", "state_epoch": 1, "forks": []}
+    a = _sharded([1, 2, 3, 4, 5, 6], [0, 1, 2])
+    a.revision = 10
+    write_checkpoint(a, tmp_path, job="job", instance="i", epoch=1, generation=3, writer=("a", 1))
+    keeper = StateKeeper(StateKeeperConfig(checkpoint_dir=str(tmp_path)), a, "job", ("a", 1))
+    assert "ckpt_revision" not in keeper.vote_fields(job_state)      # the replicated part alone is not enough
+    from p2pgen.state.shardckpt import write_shards
+    write_shards(a, tmp_path, [("adam", i) for i in range(3)])
+    assert keeper.vote_fields(job_state)["ckpt_revision"] == 10
