@@ -194,3 +194,49 @@ def test_objects_cut_alike_are_owned_together():
     result = elect_shards(members, votes, election, layout, {})
     owners = {(o, i): w for o, i, w in result.ownership}
     assert all(owners[("exp_avg", i)] == owners[("exp_avg_sq", i)] for i in range(4))
+
+
+@st.composite
+def shard_votes(draw):
+    """Random ready votes of a sharded job: members at various revisions (stale replicas among them), each
+    holding some shards with the digest of its revision, a few with a corrupted (mismatched) digest."""
+    from p2pgen.core.model import Member, ReadyVote
+    names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=6, unique=True))
+    layout = (Partition("m", 24, draw(st.integers(1, 6)), 8, draw(st.integers(1, 4))),)
+    members = tuple(Member(n, 1) for n in names)
+    votes = {}
+    for n in names:
+        revision = draw(st.sampled_from([3, 5, 5, 5]))
+        held = draw(st.sets(st.integers(0, layout[0].shards - 1)))
+        bad = draw(st.sets(st.sampled_from(sorted(held)) if held else st.nothing(), max_size=1)) if held else set()
+        shards = tuple(("m", i, f"r{revision}s{i}" + ("x" if i in bad else "")) for i in sorted(held))
+        votes[n] = ReadyVote("proved", revision, f"d{revision}", 0, shards=shards)
+    return members, votes, layout
+
+
+@settings(max_examples=300, deadline=None)
+@given(shard_votes())
+def test_shard_election_copies_only_agreed_frontier_shards_and_covers_every_owner(case):
+    from p2pgen.core.frontier import elect_frontier
+    from p2pgen.core.shards import elect_shards
+    members, votes, layout = case
+    election = elect_shards(members, votes, elect_frontier(members, votes, None), layout, {})
+    front = election.frontier
+    at_front = {m.peer_id for m in members if (votes[m.peer_id].revision, votes[m.peer_id].digest) ==
+                (front.revision, front.digest)}
+    held = {n: {(o, i): d for o, i, d in votes[n].shards} for n in at_front}
+    pulls = {(sp.peer_id, sp.object_id, sp.index): sp for sp in election.shard_pulls}
+    for sp in election.shard_pulls:
+        for source in sp.sources:         # a source holds the shard at the frontier, with the agreed digest
+            assert source in at_front and held[source].get((sp.object_id, sp.index)) == sp.digest
+    agreed = dict(election.objects[0].shard_digests)
+    for sp in election.shard_pulls:
+        assert sp.digest == agreed[sp.index]      # a mismatched shard version is never what a puller installs
+    for o, i, owners in election.ownership:
+        assert len(owners) == min(layout[0].r, len(members))
+        for label in owners:                      # every owner holds the agreed version, or receives it
+            peer = label.split("#")[0]
+            holds_it = peer in at_front and agreed[i] and held[peer].get((o, i)) == agreed[i]
+            assert holds_it or (peer, o, i) in pulls, (label, o, i)
+    lost = {k for k in election.lost_shards}
+    assert lost == {("m", i) for i in range(layout[0].shards) if not any(("m", i) in held[n] for n in at_front)}
