@@ -336,7 +336,7 @@ class GenerationMachine:
                              self.layout)
         regressed = lower.regressed_from if lower.regressed_from is not None else (
             election.frontier.revision if lower.frontier.revision < election.frontier.revision else None)
-        return dataclasses.replace(lower, regressed_from=regressed,
+        return dataclasses.replace(lower, regressed_from=regressed, lost_shards=sharded.lost_shards,
                                    reason=f"every owner of shard(s) {lost} at revision {election.frontier.revision} "
                                           f"is gone; {lower.reason}")
 
@@ -379,6 +379,9 @@ class GenerationMachine:
         """Why a frontier below the certified revision may not be used at time `at` (None: it may)."""
         certified = election.regressed_from
         best = f"revision {election.frontier.revision} ({election.source})"
+        if election.lost_shards:
+            lost = ", ".join(f"{o}[{i}]" for o, i in election.lost_shards)
+            best += f"; every owner of shard(s) {lost} is gone"
         if at < since + self.regress_wait:
             return (f"no member holds certified revision {certified} (best: {best}); waiting until "
                     f"{since + self.regress_wait:.3f} for a holder, a local copy or a checkpoint")
