@@ -10,6 +10,10 @@ the others, and returns only when the state digest equals the frontier digest.
 State that outlives its process: `LocalCopy` (a double-buffered copy on the host, kept by the agent
 across incarnations), checkpoints (`write_checkpoint`, `list_checkpoints`, `load_checkpoint`), and
 `StateKeeper`, which the step loop uses to restore, offer and save both.
+
+Sharded state: `SharedState.shard(...)` declares a `ShardedObject` that each member holds only in part; the
+core chooses its owners at every generation change, `pull_shards` copies the shards a member must receive
+before the generation activates, and checkpoints hold each shard once (`shardckpt`).
 """
 
 from p2pgen.state.checkpoint import (

@@ -131,3 +131,23 @@ def test_keeper_offers_a_sharded_checkpoint_only_when_every_shard_is_there(tmp_p
     from p2pgen.state.shardckpt import write_shards
     write_shards(a, tmp_path, [("adam", i) for i in range(3)])
     assert keeper.vote_fields(job_state)["ckpt_revision"] == 10
+
+
+def test_pull_shards_goes_on_from_the_next_source_when_one_stops_serving(servers):
+    from p2pgen.state import ServerConfig
+    from p2pgen.state.pull import PullConfig
+    from p2pgen.state.shardpull import pull_shards
+    from tests.state.helpers import JOB, SECRET, source_of
+    gone = _sharded([1, 2, 3, 4, 5, 6], [1])
+    good = _sharded([1, 2, 3, 4, 5, 6], [1])
+    puller = _sharded([0] * 6, [])
+    s_gone = servers(gone, ("gone", 1), config=ServerConfig(wait_for_window=0.2))   # never opens its window
+    s_good = servers(good, ("good", 1))
+    digest = good.sharded["adam"].digest(1)
+    with s_good.serving(4):
+        pulls = [{"object_id": "adam", "shard": 1, "nbytes": 8, "sources": ["gone", "good"], "digest": digest}]
+        report = pull_shards(puller, pulls, {"gone": source_of(s_gone), "good": source_of(s_good)}, job=JOB,
+                             secret=SECRET, me=("p", 1), generation=4, frontier_revision=7,
+                             config=PullConfig(chunk_bytes=4, op_timeout=5.0))
+    assert report.shards == ["adam[1]<-good"] and "not serving" in report.failures["adam[1]<-gone"]
+    assert puller.sharded["adam"].held[1].tolist() == [3.0, 4.0]
