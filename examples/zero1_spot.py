@@ -18,6 +18,10 @@ all-reduce (SUM) gives every member the whole new parameter vector (x + 0 is exa
 equal those of `--reference` (one process, unsharded AdamW) up to the rounding of the gradient sums, whose
 order depends on the world size.
 
+For tests and harnesses, `$P2PGEN_FINISH_FILE` (if set) holds the last step until that file exists, so that a
+scripted fault near the end is not cut off by members that finished and left with their shards, and
+`$P2PGEN_CRASH_FILE` (if set) makes the peers it names crash once at a step boundary.
+
 At the end every peer prints one JSON line (`summary`: revision, optimizer bytes held, final parameters'
 digest) and writes it to $P2PGEN_SUMMARY_DIR if set.
 """
@@ -29,6 +33,7 @@ import glob
 import json
 import math
 import os
+import signal
 import time
 
 import numpy as np
@@ -90,6 +95,20 @@ def first_owned(peer: p2pgen.Peer, object_id: str) -> set[int]:
             if e["object_id"] == object_id and e["owners"][0] == me}
 
 
+def crash_if_told(peer: p2pgen.Peer) -> None:
+    """Fault injection for tests: when the file `$P2PGEN_CRASH_FILE` names this peer (comma-separated peer ids),
+    the process SIGKILLs itself once, at a step boundary (as an application crash between steps would)."""
+    path = os.environ.get("P2PGEN_CRASH_FILE")
+    if not path or not os.path.exists(path):
+        return
+    marker = f"{path}.{peer.peer_id}.done"
+    with open(path) as f:
+        named = f.read().split(",")
+    if peer.peer_id in named and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     state = p2pgen.SharedState(tensors={"params": initial_params(args.seed)}, objects={"seed": args.seed})
@@ -97,9 +116,16 @@ def train(args: argparse.Namespace) -> None:
     exp_avg_sq = state.shard("exp_avg_sq", N_PARAMS, SHARDS, "float64", r=args.r)
     peer = p2pgen.join(state=state)
     started, last_loss, held = time.monotonic(), float("nan"), []
+    finish_file = os.environ.get("P2PGEN_FINISH_FILE")
     for step in peer.steps():
         if state.revision >= args.steps:
             break
+        crash_if_told(peer)
+        if finish_file and state.revision == args.steps - 1 and not os.path.exists(finish_file):
+            with step:                            # harnesses: hold the last step until they say the run may end
+                step.barrier()
+                time.sleep(0.05)
+            continue
         with step:
             params = state.tensors["params"]
             x, y = batch(args.seed, step.revision, step.rank, step.world)
