@@ -12,10 +12,11 @@ from p2pgen.errors import (
     ProtocolError,
 )
 from p2pgen.peer import Peer, Step, join
-from p2pgen.state import SharedState
+from p2pgen.core.ownership import Partition, plan_ownership
+from p2pgen.state import ShardedObject, SharedState
 
 __all__ = [
     "AgentLost", "AuthenticationError", "Backend", "BarrierTimeout", "Certificate", "Evicted", "Frontier",
-    "GenerationChanged", "GenerationMachine", "Member", "P2PGenError", "Peer", "PeerLost", "ProtocolError", "ReduceOp", "SharedState",
-    "Step", "TcpBackend", "join",
+    "GenerationChanged", "GenerationMachine", "Member", "P2PGenError", "Peer", "PeerLost", "ProtocolError", "Partition", "ReduceOp", "ShardedObject", "SharedState",
+    "Step", "TcpBackend", "join", "plan_ownership",
 ]

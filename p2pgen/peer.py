@@ -59,6 +59,7 @@ from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, Pe
 from p2pgen.state import (
     CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, pull_state,
 )
+from p2pgen.state.shardpull import pull_shards
 from p2pgen.transport import Endpoint, Group, Transport
 
 log = logging.getLogger(__name__)
@@ -383,12 +384,15 @@ class Peer:
         self._serving.enter_context(self.state_server.serving(generation))   # frozen until the next step
         digest = self.state.digest()
         comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
+        if self.state.sharded:
+            extra.update(layout=self.state.layout_text(), shards=self.state.shards_text())
         outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, quiescence, self.state.revision,
                                      digest, seq, comm_id=comm_id, at=time.time(), lineage=self.lineage, **extra))
         if outcome is None:
             return False
         self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
-                          quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"], **extra)
+                          quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"],
+                          **{k: v for k, v in extra.items() if k != "layout"})
         return True
 
     def _submit(self, command: Command) -> dict[str, Any] | None:
@@ -406,16 +410,10 @@ class Peer:
         """Pull the frontier if the election told us to, then report `synced`. True when done."""
         pull = next((p for p in pending["pulls"] if p["peer_id"] == self.peer_id), None)
         if pull is None:
-            return True
+            return self._sync_shards_only(pending, state)
         if pull.get("checkpoint"):
             return self._load_checkpoint(pending)
-        addrs = {m["peer_id"]: m for m in state["members"]}
-        sources = []
-        for peer_id in pull["sources"]:
-            member = addrs.get(peer_id)
-            if member and "state" in member["addrs"]:
-                host, port = split_addr(member["addrs"]["state"])
-                sources.append(Source(peer_id, member["incarnation"], host, port))
+        sources = list(self._sources(state, pull["sources"]).values())
         frontier = pending["frontier"]
         generation = pending["generation"]
         self.trace.record("pull", generation=generation, sources=pull["sources"], frontier=frontier)
@@ -427,11 +425,59 @@ class Peer:
             self.trace.record("pull_failed", generation=generation, reason=str(e))
             return False
         self.lineage = pending["parent"]   # the frontier was elected on the history of the active generation
-        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time()))
+        for obj in self.state.sharded.values():
+            obj.keep_only([])              # shards of the revision it left: never claimed at the frontier's
+        if not self._pull_my_shards(pending, state):
+            return False
+        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time(),
+                                      shards=self.state.shards_text()))
         if outcome is None:
             return False
         self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
                           reason=outcome["reason"], report=str(report))
+        return outcome["ok"]
+
+    def _sources(self, state: dict[str, Any], peer_ids: list[str]) -> dict[str, Source]:
+        addrs = {m["peer_id"]: m for m in state["members"]}
+        sources = {}
+        for peer_id in peer_ids:
+            member = addrs.get(peer_id)
+            if member and "state" in member["addrs"]:
+                host, port = split_addr(member["addrs"]["state"])
+                sources[peer_id] = Source(peer_id, member["incarnation"], host, port)
+        return sources
+
+    def _pull_my_shards(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
+        """Copy (or rebuild) the shards the election gave this member; False (retried) when that failed."""
+        mine = [sp for sp in pending.get("shard_pulls", []) if sp["peer_id"] == self.peer_id]
+        if not mine:
+            return True
+        generation = pending["generation"]
+        sources = self._sources(state, sorted({p for sp in mine for p in sp["sources"]}))
+        try:
+            report = pull_shards(self.state, mine, sources, job=self.job, secret=self.secret, me=self.identity,
+                                 generation=generation, frontier_revision=pending["frontier"]["revision"])
+        except P2PGenError as e:
+            log.warning("shard pulls for generation %d failed: %s", generation, e)
+            self.trace.record("shard_pull_failed", generation=generation, reason=str(e))
+            return False
+        self.trace.record("shard_pull", generation=generation, shards=report.shards, rebuilt=report.rebuilt,
+                          nbytes=report.bytes_total, failures=report.failures, seconds=report.seconds)
+        return True
+
+    def _sync_shards_only(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
+        """This member holds the frontier; it may still have to receive shards before it reports `synced`."""
+        generation = pending["generation"]
+        if not any(sp["peer_id"] == self.peer_id for sp in pending.get("shard_pulls", [])):
+            return True
+        if not self._pull_my_shards(pending, state):
+            return False
+        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time(),
+                                      shards=self.state.shards_text()))
+        if outcome is None:
+            return False
+        self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
+                          reason=outcome["reason"], report="shards only")
         return outcome["ok"]
 
     def _load_checkpoint(self, pending: dict[str, Any]) -> bool:
@@ -484,6 +530,7 @@ class Peer:
         self.certificate = cert
         self.lineage = cert["generation"]
         self._serving.close()
+        self._keep_owned_shards(cert)
         if cert.get("recovery"):
             (log.warning if cert.get("regressed_from") is not None else log.info)(
                 "generation %d: %s", cert["generation"], cert["recovery"])
@@ -498,6 +545,26 @@ class Peer:
             self.backend.connect()
         except (GenerationChanged, PeerLost) as e:
             log.info("generation %d failed while connecting: %s", cert["generation"], e)
+
+    def _keep_owned_shards(self, cert: dict[str, Any]) -> None:
+        """Drop the shards the certificate gave to others: memory per member follows the ownership map."""
+        if not self.state.sharded:
+            return
+        me = f"{self.peer_id}#{self.incarnation}"
+        owned: dict[str, list[int]] = {o: [] for o in self.state.sharded}
+        for entry in cert.get("ownership", []):
+            if me in entry["owners"] and entry["object_id"] in owned:
+                owned[entry["object_id"]].append(entry["shard"])
+        for object_id, indexes in owned.items():
+            obj = self.state.sharded[object_id]
+            missing = sorted(set(indexes) - set(obj.held))
+            if missing:        # the activation waited for every shard pull: this would be a bug, never data loss
+                raise P2PGenError(f"generation {cert['generation']} gives {me} shards {object_id}{missing} it does "
+                                  "not hold")
+            obj.keep_only(indexes)
+        self.trace.record("shards", generation=cert["generation"],
+                          held={o: self.state.sharded[o].owned() for o in owned},
+                          nbytes=sum(o.nbytes_held for o in self.state.sharded.values()))
 
     def _request_reform_if_active(self, why: str) -> None:
         active = self._view["state"]["active"]

@@ -265,6 +265,8 @@ def format_show(shown: dict[str, Any]) -> str:
         if cert["divergence"]:
             lines.append("DIVERGENCE: " + ", ".join(f"{d['peer_id']} held {d['digest']}" for d in cert["divergence"]))
         lines.append(f"why generation {cert['parent']} was safe to retire: {cert['retired_safely']}")
+        if cert.get("ownership"):
+            lines += ["", *format_ownership(cert, state.get("layout", []))]
     pending = state["pending"]
     if pending:
         members = " ".join(f"{m['peer_id']}#{m['incarnation']}" for m in pending["members"])
@@ -284,6 +286,38 @@ def format_refusals(refusals: dict[str, dict[str, int]]) -> str:
         if seen:
             parts.append(f"{listener} {seen}")
     return "; ".join(parts)
+
+
+def format_ownership(cert: dict[str, Any], layout: list[dict[str, Any]]) -> list[str]:
+    """The ownership map of the sharded objects (object, shard, owners, bytes), what moved at the last change
+    (the shards copied or rebuilt before this generation activated) and each object's manifest record."""
+    from p2pgen.core.ownership import Partition
+    parts = {p["object_id"]: Partition(p["object_id"], p["length"], p["shards"], p["itemsize"], p["r"])
+             for p in layout}
+    rows = [["object", "shard", "owners", "bytes"]]
+    per_member: dict[str, int] = {}
+    for e in cert["ownership"]:
+        part = parts.get(e["object_id"])
+        nbytes = part.shard_nbytes(e["shard"]) if part else 0
+        rows.append([e["object_id"], e["shard"], ", ".join(e["owners"]), nbytes])
+        for o in e["owners"]:
+            per_member[o] = per_member.get(o, 0) + nbytes
+    lines = [f"sharded objects (ownership v{cert['ownership_version']}):", _table(rows),
+             "bytes owned per member: " + ", ".join(f"{m} {b}" for m, b in sorted(per_member.items()))]
+    moved = cert.get("moved", [])
+    total = sum(m["nbytes"] for m in moved)
+    lines.append(f"moved at the last change (generation {cert['generation']}): {len(moved)} shard(s), {total} bytes"
+                 + ("" if moved else " (nothing changed owner)"))
+    if moved:
+        rows = [["object", "shard", "to", "bytes", "from"]]
+        rows += [[m["object_id"], m["shard"], m["to"], m["nbytes"], "/".join(m["sources"]) or "rebuilt"]
+                 for m in moved]
+        lines.append(_table(rows))
+    for rec in cert.get("objects", []):
+        lines.append(f"object {rec['object_id']}: revision {rec['application_revision']}, digest "
+                     f"{rec['digest'] or '<rebuilt>'}, partition {rec['new_partition_descriptor']}, "
+                     f"reconstruction source {rec['reconstruction_source']}")
+    return lines
 
 
 def format_hold(hold: dict[str, Any], now: float | None = None) -> str:

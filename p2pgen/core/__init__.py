@@ -10,13 +10,15 @@ from p2pgen.core.model import (
     COMMAND_TYPES, DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef,
     Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Kept, Leave,
     LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Pull, Ready, ReadyVote,
-    Reform, Reformed, Register, RestartRequired, Suspect, Synced, Tombstone, retirement_reason,
+    Reform, Reformed, Register, RestartRequired, ShardPull, ObjectRecord, Suspect, Synced, Tombstone,
+    retirement_reason,
 )
+from p2pgen.core.ownership import OwnershipPlan, Partition, plan_ownership
 
 __all__ = [
     "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
     "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
     "GenerationMachine", "Hold", "HistoryEntry", "Kept", "Leave", "LogPosition", "Member", "MemberEvicted", "Outcome",
     "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed", "Register",
-    "RestartRequired", "Suspect", "Synced", "Tombstone", "elect_frontier", "retirement_reason",
+    "RestartRequired", "ShardPull", "ObjectRecord", "OwnershipPlan", "Partition", "plan_ownership", "Suspect", "Synced", "Tombstone", "elect_frontier", "retirement_reason",
 ]

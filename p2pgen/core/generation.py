@@ -34,10 +34,13 @@ An invalid command changes nothing and returns the reason (`Outcome.ok is False`
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
 from p2pgen.core.frontier import elect_frontier
+from p2pgen.core.ownership import Partition, parse_layout, parse_shards
+from p2pgen.core.shards import elect_shards
 from p2pgen.core.model import (
     DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
     Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
@@ -92,6 +95,7 @@ class GenerationMachine:
         self.kept: dict[str, Kept] = {}             # peer_id -> the local copy its dead incarnation left
         self.raft_epoch = 0                         # +1 at each fenced re-form (`Reformed`)
         self.reform_note = ""                       # carried by the next certificate, then cleared
+        self.layout: tuple[Partition, ...] = ()     # sharded objects the members declared (set by the first vote)
 
     # --- queries -----------------------------------------------------------------------------------
 
@@ -250,8 +254,11 @@ class GenerationMachine:
         proposal = self.pending
         checkpoint = (CheckpointRef(cmd.ckpt_revision, cmd.ckpt_digest, cmd.ckpt_epoch)
                       if cmd.ckpt_revision >= 0 and cmd.ckpt_digest else None)
+        layout, shards, refusal = self._check_shards(cmd.peer_id, cmd.layout, cmd.shards)
+        if refusal:
+            return Outcome.refused(refusal)
         vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq, cmd.comm_id, cmd.epoch,
-                         checkpoint)
+                         checkpoint, shards)
         behind = self.left_behind(cmd.lineage, cmd.revision)
         if behind is not None:            # it holds nothing the job can resume from: it must pull
             vote = ReadyVote(cmd.quiescence, 0, "", cmd.collective_seq, cmd.comm_id, 0, checkpoint)
@@ -274,6 +281,7 @@ class GenerationMachine:
         if refusal:
             return Outcome.refused(refusal)
         proposal.votes[cmd.peer_id] = vote
+        self.layout = self.layout or layout
         self.kept.pop(cmd.peer_id, None)   # a new incarnation's vote says what it holds: no copy to wait for
         if len(proposal.votes) == len(proposal.members):
             self._elect(self._election(), cmd.at, position, effects)
@@ -293,9 +301,44 @@ class GenerationMachine:
                         f"{', '.join(f'epoch {e} at r{r}' for e, r in self.forks) or 'none'}); vote without it")
         return None
 
+    def _check_shards(self, peer_id: str, layout_text: str, shards_text: str
+                      ) -> tuple[tuple[Partition, ...], tuple[tuple[str, int, str], ...], str | None]:
+        """Parse a vote's layout and held shards; (layout, shards, None) or ((), (), why it is refused)."""
+        try:
+            layout, held = parse_layout(layout_text), parse_shards(shards_text)
+        except ValueError as e:
+            return (), (), f"ready: {peer_id}'s sharded state is malformed: {e}"
+        if layout and self.layout and layout != self.layout:
+            return (), (), (f"ready: {peer_id} declares sharded objects {_layout_line(layout)}, the job's are "
+                            f"{_layout_line(self.layout)}; every member must declare the same ones")
+        known = {p.object_id: p for p in (layout or self.layout)}
+        for (obj, index) in held:
+            if obj not in known or index >= known[obj].shards:
+                return (), (), f"ready: {peer_id} reports shard {obj}[{index}], which the layout does not declare"
+        return layout, tuple((o, i, d) for (o, i), d in sorted(held.items())), None
+
     def _election(self) -> Election:
         p = self.pending
-        return elect_frontier(p.members, p.votes, self.active.frontier if self.active else None)
+        last = self.active.frontier if self.active else None
+        election = elect_frontier(p.members, p.votes, last)
+        if not self.layout:
+            return election
+        previous = {(o, i): w for o, i, w in self.active.ownership} if self.active else {}
+        sharded = elect_shards(p.members, p.votes, election, self.layout, previous, self.layout)
+        if not sharded.lost_shards or election.source != "members" or election.frontier.revision == 0:
+            return sharded
+        # A shard no frontier holder has: this revision cannot be rebuilt whole. Resume from what holds every
+        # shard (a checkpoint), or nothing; never mix revisions.
+        lost = ", ".join(f"{o}[{i}]" for o, i in sharded.lost_shards)
+        demoted = {k: ReadyVote(v.quiescence, 0, "", v.collective_seq, v.comm_id, 0, v.checkpoint)
+                   for k, v in p.votes.items()}
+        lower = elect_shards(p.members, demoted, elect_frontier(p.members, demoted, last), self.layout, previous,
+                             self.layout)
+        regressed = lower.regressed_from if lower.regressed_from is not None else (
+            election.frontier.revision if lower.frontier.revision < election.frontier.revision else None)
+        return dataclasses.replace(lower, regressed_from=regressed, lost_shards=sharded.lost_shards,
+                                   reason=f"every owner of shard(s) {lost} at revision {election.frontier.revision} "
+                                          f"is gone; {lower.reason}")
 
     def _elect(self, election: Election, at: float, position: LogPosition, effects: list[Effect]) -> None:
         """Every member voted: elect, or hold the proposal if its frontier would regress and may not yet."""
@@ -336,6 +379,9 @@ class GenerationMachine:
         """Why a frontier below the certified revision may not be used at time `at` (None: it may)."""
         certified = election.regressed_from
         best = f"revision {election.frontier.revision} ({election.source})"
+        if election.lost_shards:
+            lost = ", ".join(f"{o}[{i}]" for o, i in election.lost_shards)
+            best += f"; every owner of shard(s) {lost} is gone"
         if at < since + self.regress_wait:
             return (f"no member holds certified revision {certified} (best: {best}); waiting until "
                     f"{since + self.regress_wait:.3f} for a holder, a local copy or a checkpoint")
@@ -391,8 +437,12 @@ class GenerationMachine:
         if election is None:
             return Outcome.refused(f"synced: the frontier of generation {cmd.generation} is not elected yet "
                                    "(wait until every member is ready)")
-        if not any(p.peer_id == cmd.peer_id for p in election.pulls):
+        shard_pulls = [sp for sp in election.shard_pulls if sp.peer_id == cmd.peer_id]
+        if not any(p.peer_id == cmd.peer_id for p in election.pulls) and not shard_pulls:
             return Outcome(True, f"{cmd.peer_id} already holds the frontier (nothing to sync)")
+        missing = self._missing_shards(shard_pulls, cmd.shards)
+        if missing:
+            return Outcome.refused(f"synced: {cmd.peer_id} does not hold {missing} yet; pull them first")
         if cmd.digest != election.frontier.digest:
             return Outcome.refused(f"synced: {cmd.peer_id} holds digest {cmd.digest or '<empty>'}, the frontier is "
                                    f"{election.frontier.digest or '<empty>'}; pull again")
@@ -402,6 +452,17 @@ class GenerationMachine:
         effects: list[Effect] = []
         self._maybe_activate(cmd.at, position, effects)
         return Outcome(True, f"{cmd.peer_id} synced to generation {cmd.generation}", tuple(effects))
+
+    @staticmethod
+    def _missing_shards(shard_pulls: list, shards_text: str) -> str:
+        """The shards (with their agreed digests) a `synced` does not show; "" when it shows them all."""
+        try:
+            held = parse_shards(shards_text)
+        except ValueError as e:
+            return f"any shard it can name ({e})"
+        missing = [f"{sp.object_id}[{sp.index}]" for sp in shard_pulls
+                   if (sp.object_id, sp.index) not in held or (sp.digest and held[(sp.object_id, sp.index)] != sp.digest)]
+        return ", ".join(missing)
 
     # --- validation helpers ------------------------------------------------------------------------
 
@@ -452,7 +513,7 @@ class GenerationMachine:
     def _maybe_activate(self, at: float, position: LogPosition, effects: list[Effect]) -> None:
         proposal = self.pending
         election = proposal.election
-        if election is None or any(p.peer_id not in proposal.synced for p in election.pulls):
+        if election is None or any(p.peer_id not in proposal.synced for p in (*election.pulls, *election.shard_pulls)):
             return
         parent = self.active
         self.resumes.append((proposal.generation, election.frontier.revision))
@@ -461,7 +522,7 @@ class GenerationMachine:
             self.forks += ((self.state_epoch, election.frontier.revision),)
         recovery = self._recovery_note(election, at)
         self.hold_since = None
-        if parent is None or set(parent.owners) != set(election.holders):
+        if parent is None or set(parent.owners) != set(election.holders) or parent.ownership != election.ownership:
             self.ownership_version += 1
         kept = {m.identity for m in proposal.members}
         departed = tuple((m.peer_id, m.incarnation, self._tombstone_reason(m))
@@ -480,6 +541,7 @@ class GenerationMachine:
             proposed_at=proposal.opened_at, activated_at=at, raft_term=position.term, raft_index=position.index,
             state_epoch=self.state_epoch, frontier_source=election.source, recovery=recovery,
             raft_epoch=self.raft_epoch, reformed=self.reform_note,
+            ownership=election.ownership, objects=election.objects, moved=election.shard_pulls,
         )
         self.reform_note = ""
         self.active = cert
@@ -503,6 +565,10 @@ class GenerationMachine:
             if (stone.peer_id, stone.incarnation) == member.identity:
                 return stone.reason
         return "removed"
+
+
+def _layout_line(layout: tuple[Partition, ...]) -> str:
+    return ", ".join(f"{p.object_id}({p.describe()}, r={p.r})" for p in layout)
 
 
 def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> Outcome:

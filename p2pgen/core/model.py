@@ -59,6 +59,7 @@ class ReadyVote:
     comm_id: str = ""
     epoch: int = 0                            # state epoch of (revision, digest); 0: not said (the current one)
     checkpoint: CheckpointRef | None = None   # the newest checkpoint this member can load, if any
+    shards: tuple[tuple[str, int, str], ...] = ()   # (object id, shard index, digest) held at `revision`
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,46 @@ class Pull:
 
 
 @dataclass(frozen=True)
+class ShardPull:
+    """A shard a member must hold in the new generation and does not: copied from `sources` (its surviving
+    owners, in preference order), or rebuilt (`sources` empty: from the checkpoint the member loads, or
+    recomputed from the object's initial value when the frontier is revision 0)."""
+
+    peer_id: str
+    incarnation: int
+    object_id: str
+    index: int
+    nbytes: int
+    sources: tuple[str, ...]
+    digest: str = ""                  # the digest it must have ("" when rebuilt: verified by its rebuild)
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    """Seed 000's manifest record of one sharded logical object at one activation."""
+
+    object_id: str
+    application_revision: int
+    digest: str                                   # xxh3-128 over the ordered shard digests ("" if rebuilt)
+    old_owners: tuple[tuple[int, tuple[str, ...]], ...]    # shard index -> owner incarnations ("peer#inc")
+    new_owners: tuple[tuple[int, tuple[str, ...]], ...]
+    old_partition: str
+    new_partition: str
+    reconstruction_source: str                    # survivor | replica | checkpoint | recompute
+    verification_rule: str
+    shard_digests: tuple[tuple[int, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"object_id": self.object_id, "application_revision": self.application_revision,
+                "digest": self.digest,
+                "old_owner_incarnations": {str(i): list(o) for i, o in self.old_owners},
+                "new_owner_incarnations": {str(i): list(o) for i, o in self.new_owners},
+                "old_partition_descriptor": self.old_partition, "new_partition_descriptor": self.new_partition,
+                "reconstruction_source": self.reconstruction_source, "verification_rule": self.verification_rule,
+                "shard_digests": {str(i): d for i, d in self.shard_digests}}
+
+
+@dataclass(frozen=True)
 class Election:
     """Outcome of the frontier election (DESIGN, protocol step 5), with a human-readable reason."""
 
@@ -83,6 +124,10 @@ class Election:
     regressed_from: int | None        # set when no member holds the last certified revision any more
     reason: str
     source: str = "members"           # where the frontier comes from: "members" (live state) or "checkpoint"
+    ownership: tuple[tuple[str, int, tuple[str, ...]], ...] = ()   # sharded objects: (object, shard, owner peer_ids)
+    shard_pulls: tuple[ShardPull, ...] = ()
+    objects: tuple[ObjectRecord, ...] = ()
+    lost_shards: tuple[tuple[str, int], ...] = ()   # shards no live member held at the frontier (they forced it down)
 
 
 @dataclass(frozen=True)
@@ -135,6 +180,9 @@ class Certificate:
     recovery: str = ""                          # loud one-line note when the frontier regressed or came from a checkpoint
     raft_epoch: int = 0                         # the Raft epoch (0, then +1 at each fenced re-form) that certified it
     reformed: str = ""                          # on the first generation after a re-form: the epoch, seed and lost agents
+    ownership: tuple[tuple[str, int, tuple[str, ...]], ...] = ()   # sharded objects: (object, shard, owner incarnations)
+    objects: tuple[ObjectRecord, ...] = ()      # per sharded object: seed 000's manifest record
+    moved: tuple[ShardPull, ...] = ()           # shards copied or rebuilt before this generation activated
 
     def rank_of(self, peer_id: str) -> int | None:
         for rank, member in enumerate(self.members):
@@ -156,6 +204,13 @@ class Certificate:
         data["owners"] = list(self.owners)
         data["pulled"] = [{"peer_id": p.peer_id, "incarnation": p.incarnation, "sources": list(p.sources),
                            "checkpoint": p.checkpoint} for p in self.pulled]
+        data["ownership"] = [{"object_id": o, "shard": i, "owners": list(w)} for o, i, w in self.ownership]
+        data["objects"] = [r.to_json() for r in self.objects]
+        data["moved"] = [{"object_id": m.object_id, "shard": m.index, "to": f"{m.peer_id}#{m.incarnation}",
+                          "nbytes": m.nbytes, "sources": list(m.sources)} for m in self.moved]
+        if not self.ownership:          # unsharded jobs: the JSON stays as it was
+            for key in ("ownership", "objects", "moved"):
+                del data[key]
         data["retired_safely"] = retirement_reason(self)
         return data
 
@@ -264,6 +319,8 @@ class Ready:
     ckpt_digest: str = ""
     ckpt_epoch: int = 0
     lineage: int = 0           # the generation the state belongs to (last activated or committed in); 0: not said
+    layout: str = ""           # sharded objects declared (core.ownership.layout_text); the same on every member
+    shards: str = ""           # shards held at `revision` and their digests (core.ownership.shards_text)
 
 
 @dataclass(frozen=True)
@@ -284,6 +341,7 @@ class Synced:
     incarnation: int
     digest: str
     at: float = 0.0
+    shards: str = ""           # the shards it now holds (core.ownership.shards_text): must cover its shard pulls
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
     ActivationHeld, Activated, Certificate, Effect, Election, FrontierElected, Hold, Member, MemberEvicted,
-    Outcome, ProposalAbandoned, ProposalOpened, Pull, RestartRequired,
+    Outcome, ProposalAbandoned, ProposalOpened, Pull, RestartRequired, ShardPull,
 )
 
 
@@ -38,7 +38,21 @@ def render_election(e: Election) -> str:
         text += " divergence=" + ",".join(f"{p}:{d or '-'}" for p, d in e.divergence)
     if e.regressed_from is not None:
         text += f" regressed_from=r{e.regressed_from}"
+    if e.ownership:
+        moves = " ".join(render_shard_pull(sp) for sp in e.shard_pulls) or "none"
+        text += f" shard_moves={moves}"
+        if e.lost_shards:
+            text += " lost=" + ",".join(f"{o}[{i}]" for o, i in e.lost_shards)
     return text
+
+
+def render_shard_pull(sp: ShardPull) -> str:
+    return (f"{sp.object_id}[{sp.index}]->{sp.peer_id}({sp.nbytes}B)<-"
+            f"{'/'.join(sp.sources) or ('rebuild' if not sp.digest else '?')}")
+
+
+def render_ownership(ownership: tuple[tuple[str, int, tuple[str, ...]], ...]) -> str:
+    return " ".join(f"{o}[{i}]={','.join(w)}" for o, i, w in ownership)
 
 
 def render_effect(effect: Effect) -> str:
@@ -68,6 +82,8 @@ def render_certificate_line(cert: Certificate) -> str:
         text += f" source={cert.frontier_source}"
     if cert.state_epoch != 1:
         text += f" epoch={cert.state_epoch}"
+    if cert.ownership:
+        text += f" shards={render_ownership(cert.ownership)}"
     return text
 
 
@@ -111,11 +127,19 @@ def proposal_json(p: Proposal) -> dict[str, Any]:
                      if p.election else None),
         "pulls": ([{"peer_id": x.peer_id, "sources": list(x.sources), "checkpoint": x.checkpoint}
                    for x in p.election.pulls] if p.election else []),
+        "shard_pulls": ([shard_pull_json(x) for x in p.election.shard_pulls] if p.election else []),
+        "ownership": ([{"object_id": o, "shard": i, "owners": list(w)} for o, i, w in p.election.ownership]
+                      if p.election else []),
         "synced": sorted(p.synced),
         "hold": ({"since": p.hold.since, "until": p.hold.until, "certified": p.hold.certified,
                   "best": {"revision": p.hold.best.revision, "digest": p.hold.best.digest}, "reason": p.hold.reason}
                  if p.hold else None),
     }
+
+
+def shard_pull_json(x: ShardPull) -> dict[str, Any]:
+    return {"peer_id": x.peer_id, "incarnation": x.incarnation, "object_id": x.object_id, "shard": x.index,
+            "nbytes": x.nbytes, "sources": list(x.sources), "digest": x.digest}
 
 
 def state_json(m: GenerationMachine) -> dict[str, Any]:
@@ -130,6 +154,8 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
         "kept": [{"peer_id": k.peer_id, "incarnation": k.incarnation, "revision": k.revision, "lineage": k.lineage,
                   "at": k.at} for k in m.kept.values()],
         "forks": [{"epoch": e, "revision": r} for e, r in m.forks],
+        "layout": [{"object_id": p.object_id, "length": p.length, "shards": p.shards, "itemsize": p.itemsize,
+                    "r": p.r, "partition": p.describe()} for p in m.layout],
         "active": m.active.to_json() if m.active else None,
         "pending": proposal_json(m.pending) if m.pending else None,
         "members": [{"peer_id": x.peer_id, "incarnation": x.incarnation, "addrs": dict(x.addrs)} for x in m.members],

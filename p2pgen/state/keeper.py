@@ -12,6 +12,9 @@ Invariants:
   dead branch is ignored, and said so); otherwise the process starts from the state it built.
 - A vote offers only a checkpoint of this run of the job, or one from a `--restore` folder (which
   belongs to no run of this job yet: it counts as state epoch 1), and only one on the current branch.
+- Sharded objects: every member writes the shards it is the first owner of beside each checkpoint
+  (`p2pgen.state.shardckpt`); a checkpoint is offered only when every shard of its revision is there, and
+  loading it installs them all (the member then serves them to the others).
 - A checkpoint that fails to load is set aside (`corrupt-...`) and the error is raised: the process
   must not report `synced`.
 """
@@ -28,6 +31,7 @@ from p2pgen.state.checkpoint import (
     CheckpointError, CheckpointInfo, list_checkpoints, load_checkpoint, quarantine, write_checkpoint,
 )
 from p2pgen.state.localcopy import LocalCopy, LocalCopyError
+from p2pgen.state.shardckpt import find_shards, load_shards, prune_shards, write_shards
 from p2pgen.state.shared import SharedState
 
 log = logging.getLogger(__name__)
@@ -134,6 +138,8 @@ class StateKeeper:
                 continue
             try:
                 load_checkpoint(self.state, info)
+                if self.state.sharded:
+                    load_shards(self.state, info.path.parent, info.revision)
             except (CheckpointError, OSError) as e:
                 quarantine(info, str(e))
                 raise CheckpointError(f"the frontier's checkpoint {info.path} failed to load: {e}") from e
@@ -154,6 +160,8 @@ class StateKeeper:
         if self.local is not None and self.state.revision % self.config.local_every == 0:
             self._save_local(cert)
         every = self.config.checkpoint_every
+        if self.state.sharded and every and self.config.checkpoint_dir and self.state.revision % every == 0:
+            self._checkpoint_shards(cert)
         if rank == 0 and every and self.config.checkpoint_dir and self.state.revision % every == 0:
             members = tuple(f"{m['peer_id']}#{m['incarnation']}" for m in cert["members"])
             try:
@@ -166,6 +174,19 @@ class StateKeeper:
                           self.config.checkpoint_dir, e)
 
     # --- helpers -------------------------------------------------------------------------------------
+
+    def _checkpoint_shards(self, cert: dict[str, Any]) -> None:
+        """Write the shards this member is the first owner of (each shard once) beside the checkpoint."""
+        me = f"{self.identity[0]}#{self.identity[1]}"
+        keys = [(e["object_id"], e["shard"]) for e in cert.get("ownership", []) if e["owners"][:1] == [me]]
+        try:
+            write_shards(self.state, self.config.checkpoint_dir, keys)
+            kept = list_checkpoints(self.config.checkpoint_dir)[:max(self.config.checkpoint_keep, 1)]
+            if kept and self.config.checkpoint_keep:
+                prune_shards(self.config.checkpoint_dir, min(i.revision for i in kept))
+        except OSError as e:
+            log.error("shards of revision %d in %s failed: %s (training goes on)", self.state.revision,
+                      self.config.checkpoint_dir, e)
 
     def _save_local(self, cert: dict[str, Any]) -> None:
         """Save the local copy; a failure (a full tmpfs) is logged and training goes on with the older copy."""
@@ -187,7 +208,9 @@ class StateKeeper:
                     found.append((info, info.epoch))
         for folder in self.config.restore_dirs:
             found += [(info, 1) for info in list_checkpoints(folder)]      # the start of this run's history
-        return [(i, e) for i, e in found if _on_branch(job_state, e, i.revision)]
+        layout = [o.partition for o in self.state.sharded.values()]
+        return [(i, e) for i, e in found if _on_branch(job_state, e, i.revision)
+                and (not layout or find_shards(i.path.parent, i.revision, layout) is not None)]
 
     def _best_checkpoint(self, job_state: dict[str, Any]) -> tuple[CheckpointInfo, int] | None:
         candidates = self._candidates(job_state)

@@ -17,6 +17,9 @@ Invariants:
   layout (tensor names, dtypes, shapes) is ignored; every tensor and the objects are re-hashed and must
   equal the recorded digests, and those must add up to the recorded manifest digest. Nothing is
   written into the state unless all of it verified.
+- Sharded objects: the shards the member holds are saved in the same slot, each with its own digest; a
+  restore installs exactly those (verified), so a restarted application claims only shards of the copy's
+  revision.
 - The folder is this peer's alone (its agent names it after the job, the peer and its control port);
   at most two copies of the state live in it.
 """
@@ -87,7 +90,13 @@ class LocalCopy:
             entries.append([e.name, e.dtype, list(e.shape), offset, e.nbytes, e.digest])
             offset = _aligned(offset + e.nbytes)
         objects = [offset, len(raw_objects), manifest.objects_digest]
-        size = offset + len(raw_objects)
+        offset = _aligned(offset + len(raw_objects))
+        shards = []                 # sharded objects: the shards this member holds, each with its own digest
+        for obj in state.sharded.values():
+            for i in obj.owned():
+                shards.append([obj.object_id, i, offset, obj.shard_bytes(i).nbytes, obj.digest(i)])
+                offset = _aligned(offset + obj.shard_bytes(i).nbytes)
+        size = offset
         fd = os.open(self._slot(slot), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(fd).st_size != size:
@@ -95,11 +104,13 @@ class LocalCopy:
             for (name, *_rest, off, _n, _d) in entries:
                 _pwrite_all(fd, memoryview(state.snapshot_bytes(name)), off)
             _pwrite_all(fd, memoryview(raw_objects), objects[0])
+            for object_id, i, off, _n, _d in shards:
+                _pwrite_all(fd, memoryview(state.sharded[object_id].shard_bytes(i)), off)
         finally:
             os.close(fd)
         pointer = {"format": FORMAT, "job": self.job, "instance": instance, "peer": self.peer_id,
                    "incarnation": incarnation, "generation": generation, "epoch": epoch, "slot": slot,
-                   "revision": state.revision, "digest": manifest.digest, "entries": entries, "objects": objects,
+                   "revision": state.revision, "digest": manifest.digest, "entries": entries, "objects": objects, "shards": shards,
                    "nbytes": size, "written_at": time.time()}
         tmp = os.path.join(self.folder, f".{POINTER}.{os.getpid()}.tmp")
         with open(tmp, "w") as f:
@@ -131,8 +142,13 @@ class LocalCopy:
             if len(data) < pointer["nbytes"]:
                 raise LocalCopyError(f"slot {pointer['slot']} holds {len(data)} bytes, the copy {pointer['nbytes']}")
             views = self._verified(pointer, data)
+            shards = self._verified_shards(pointer, data, state)
             for name, view in views.items():
                 state.load_tensor(name, view)
+            for obj in state.sharded.values():      # exactly the shards of the copy's revision, no others
+                obj.keep_only([])
+            for (object_id, i), (view, digest) in shards.items():
+                state.sharded[object_id].install(i, view, digest)
             off, n, _ = pointer["objects"]
             state.load_objects(bytes(data[off:off + n]))
             state.revision = int(pointer["revision"])
@@ -153,6 +169,20 @@ class LocalCopy:
         if manifest_digest(digests, objects_digest) != pointer["digest"]:
             raise LocalCopyError("the recorded digests do not add up to the copy's manifest digest")
         return views
+
+    @staticmethod
+    def _verified_shards(pointer: dict[str, Any], data: np.ndarray, state: SharedState) -> dict:
+        """The copy's shards of objects this state declares, each verified against its recorded digest."""
+        out = {}
+        for object_id, i, off, n, digest in pointer.get("shards", []):
+            obj = state.sharded.get(object_id)
+            if obj is None or not 0 <= i < obj.partition.shards or n != obj.partition.shard_nbytes(i):
+                raise LocalCopyError(f"the copy's shard {object_id}[{i}] does not fit this state's sharded objects")
+            view = data[off:off + n]
+            if tensor_digest(obj.dtype.name, (n // obj.dtype.itemsize,), view) != digest:
+                raise LocalCopyError(f"shard {object_id}[{i}] of the copy does not hash to its recorded digest")
+            out[(object_id, i)] = (view, digest)
+        return out
 
     def _check_owner(self, pointer: dict[str, Any], instance: str) -> None:
         if pointer.get("format") != FORMAT:

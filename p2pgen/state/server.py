@@ -52,6 +52,7 @@ class _Window:
     manifest: Manifest
     versions: tuple[int | None, ...]   # torch `_version` of each entry on entry, None for numpy
     objects: bytes
+    shards: dict                       # (object id, index) -> (digest, uint8 bytes): the shards held, frozen
 
 
 class StateServer:
@@ -104,7 +105,7 @@ class StateServer:
         names = sorted(self.state.tensors)
         window = _Window(generation, self.state.manifest(),
                          tuple(tz.version(self.state.tensors[n]) for n in names),
-                         objects_bytes(self.state.objects))
+                         objects_bytes(self.state.objects), _held_shards(self.state))
         with self._cond:
             if self._window is not None:
                 raise RuntimeError(f"already serving generation {self._window.generation}")
@@ -207,6 +208,10 @@ class StateServer:
             out.send(wire.OBJECTS, 0, 0, w.objects)
         elif op == "get":
             self._send_chunks(out, w, req)
+        elif op == "shards":
+            out.send(wire.MANIFEST, 0, 0, msgpack.packb([[o, i, d, len(b)] for (o, i), (d, b) in sorted(w.shards.items())]))
+        elif op == "shard_get":
+            self._send_shard(out, w, req)
         else:
             raise wire.Refused("malformed", f"unknown request op {op!r}")
 
@@ -225,6 +230,20 @@ class StateServer:
                 raise wire.Refused("not_serving", f"the generation {w.generation} window closed")
             out.send(wire.CHUNK, t, c, data[c * cb:(c + 1) * cb])
 
+    def _send_shard(self, out: wire.FrameSender, w: _Window, req: dict) -> None:
+        """Chunks of one held shard, frame `op_seq` = the shard index (a puller asks for each shard it must hold)."""
+        key, first, count, cb = (req.get("o"), req.get("i")), req.get("first"), req.get("count"), req.get("cb")
+        if key not in w.shards or not all(isinstance(v, int) for v in (first, count, cb)):
+            raise wire.Refused("malformed", f"shard_get of {key} (held: {sorted(w.shards)}) or bad numbers {req!r}")
+        data = w.shards[key][1]
+        n_chunks = wire.chunk_count(len(data), cb) if cb > 0 else 0
+        if not (0 < cb <= self.config.max_frame_bytes and count > 0 and 0 <= first and first + count <= n_chunks):
+            raise wire.Refused("malformed", f"shard_get of chunks {first}+{count} of {cb} bytes from {key}")
+        for c in range(first, first + count):
+            if self._window is not w:
+                raise wire.Refused("not_serving", f"the generation {w.generation} window closed")
+            out.send(wire.CHUNK, key[1], c, data[c * cb:(c + 1) * cb])
+
     def _bytes_of(self, w: _Window, t: int):
         entry = w.manifest.entries[t]
         value = self.state.tensors.get(entry.name)
@@ -232,6 +251,12 @@ class StateServer:
             raise wire.Refused("mutated", f"tensor {entry.name!r} changed while serving generation "
                                f"{w.generation}: the application must not touch its state in the window")
         return tz.host_bytes(value)
+
+
+def _held_shards(state: SharedState) -> dict:
+    """The shards this member holds, frozen for the window: (object, index) -> (digest, bytes)."""
+    return {(o.object_id, i): (o.digest(i), o.shard_bytes(i).copy())
+            for o in state.sharded.values() for i in o.owned()}
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -151,7 +151,36 @@ class SharedState:
         self.tensors.update(tensors)
         self.objects: dict[str, Any] = dict(objects)
         self.revision = int(revision)
+        self.sharded: dict[str, Any] = {}   # object id -> ShardedObject (held in part; not in the digest)
         self.hashed_bytes = 0   # bytes hashed so far: lets tests and benchmarks see the cache work
+
+    def shard(self, object_id: str, length: int, shards: int, dtype: Any = "float32", r: int = 2,
+              init: float = 0.0) -> Any:
+        """Declare a sharded logical object (e.g. ZeRO-1 optimizer moments): a 1-D array of `length` elements
+        cut into `shards` pieces, each held by `r` members (`r` >= the world: every member holds all of it).
+        Returns the `ShardedObject`; every member must declare the same objects before joining.
+
+        Its shards are not in `digest()` (members hold different ones): the generation's election checks the
+        shard digests, chooses who holds which, and moves them before the generation activates."""
+        from p2pgen.state.sharded import ShardedObject
+        if object_id in self.sharded or object_id in self.tensors:
+            raise ValueError(f"{object_id!r} is already declared in this state; pick another object id")
+        obj = ShardedObject(object_id, length, shards, dtype, r, init)
+        self.sharded[object_id] = obj
+        return obj
+
+    def layout_text(self) -> str:
+        """The declared sharded objects, as a vote carries them ("" when none)."""
+        from p2pgen.core.ownership import layout_text
+        return layout_text([o.partition for o in self.sharded.values()])
+
+    def shards_text(self) -> str:
+        """The shards held and their digests, as a vote carries them ("" when none)."""
+        from p2pgen.core.ownership import shards_text
+        held: dict[tuple[str, int], str] = {}
+        for obj in self.sharded.values():
+            held.update(obj.digests())
+        return shards_text(held)
 
     def commit(self) -> int:
         """Record one committed step: revision += 1; returns the new revision."""

@@ -50,3 +50,29 @@ def test_refusals_of_the_agents_listeners_are_shown_by_reason_only_when_there_ar
     noisy = {**AGENT, "refusals": {"rpc": {"auth_failed": 1, "truncated": 0}, "heartbeat": {"replayed": 2, "forged": 3}}}
     text = format_show({"state": state_json(m), "raft": RAFT, "agent": noisy})
     assert "refused:    heartbeat forged=3 replayed=2; rpc auth_failed=1" in text
+
+
+def test_show_prints_the_ownership_map_and_what_moved_at_the_last_change():
+    m = GenerationMachine("job")
+    layout, whole = "adam:8:4:4:2", "adam:0:z0,adam:1:z1,adam:2:z2,adam:3:z3"
+    for command in (Configure(3), Register("a", 1), Register("b", 1), Register("c", 1),
+                    *(Ready(1, p, 1, "proved", 0, "s0", layout=layout, shards=whole) for p in "abc")):
+        assert m.apply(command).ok, command
+    owned = {p: ",".join(f"adam:{e['shard']}:x{e['shard']}" for e in state_json(m)["active"]["ownership"]
+                         if f"{p}#1" in e["owners"]) for p in "abc"}
+    for command in (Suspect("a", "c", 1, "host lost"),
+                    *(Ready(2, p, 1, "proved", 5, "s5", layout=layout, shards=owned[p]) for p in "ab")):
+        assert m.apply(command).ok, command
+    for pull in state_json(m)["pending"]["shard_pulls"]:
+        p = pull["peer_id"]
+        owned[p] += f",adam:{pull['shard']}:{pull['digest']}"
+    for p in {x["peer_id"] for x in state_json(m)["pending"]["shard_pulls"]}:
+        assert m.apply(Synced(2, p, 1, "s5", shards=",".join(sorted(owned[p].strip(",").split(","))))).ok
+    text = format_show({"state": state_json(m), "raft": RAFT, "agent": AGENT})
+    assert "sharded objects (ownership v2):" in text
+    table = text.split("sharded objects")[1]
+    assert all(f"adam    {i}      a#1, b#1  8" in table for i in range(4)), table
+    assert "bytes owned per member: a#1 32, b#1 32" in text
+    moved = state_json(m)["active"]["moved"]
+    assert f"moved at the last change (generation 2): {len(moved)} shard(s), {8 * len(moved)} bytes" in text
+    assert "reconstruction source replica" in text

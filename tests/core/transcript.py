@@ -20,7 +20,8 @@ Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one in
     leave PEER INC
     reform GEN PEER INC "reason"                   (or reason="...")
     ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N] [epoch=E] [ckpt=REV:DIGEST[:EPOCH]] [lineage=G]
-    synced GEN PEER INC digest=D
+                     [layout=ID:LENGTH:SHARDS:ITEMSIZE:R;...] [shards=ID:INDEX:DIGEST,...]
+    synced GEN PEER INC digest=D [shards=ID:INDEX:DIGEST,...]
     fallback GEN PEER INC
     kept PEER INC r=REV digest=D lineage=G            (the local copy a dead incarnation left)
 
@@ -61,7 +62,10 @@ from p2pgen.core import (
     DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Kept, Leave, LogPosition, Ready,
     Reform, Register, Suspect, Synced,
 )
-from p2pgen.core.render import history_json, member_list, render_outcome, render_pull, render_state, state_json
+from p2pgen.core.render import (
+    history_json, member_list, render_outcome, render_ownership, render_pull, render_shard_pull, render_state,
+    state_json,
+)
 
 SEPARATOR = "----"
 
@@ -179,7 +183,7 @@ class Interpreter:
             return Ready(int(gen), peer, int(inc), quiescence, int(kw.pop("r")), kw.pop("digest", ""),
                          int(kw.pop("seq", 0)), at=at, epoch=int(kw.pop("epoch", 0)), ckpt_revision=int(ckpt[0]),
                          ckpt_digest=ckpt[1], ckpt_epoch=int(ckpt[2]) if len(ckpt) > 2 else 0,
-                         lineage=int(kw.pop("lineage", 0)))
+                         lineage=int(kw.pop("lineage", 0)), layout=kw.pop("layout", ""), shards=kw.pop("shards", ""))
         if name == "kept":
             peer, inc = pos
             return Kept(peer, int(inc), int(kw.pop("r")), kw.pop("digest", ""), int(kw.pop("lineage", 0)), at=at)
@@ -188,7 +192,7 @@ class Interpreter:
             return Fallback(int(gen), peer, int(inc), at=at)
         if name == "synced":
             gen, peer, inc = pos
-            return Synced(int(gen), peer, int(inc), kw.pop("digest", ""), at=at)
+            return Synced(int(gen), peer, int(inc), kw.pop("digest", ""), at=at, shards=kw.pop("shards", ""))
         raise ValueError(f"unknown directive {name!r}")
 
     def _snapshot(self) -> tuple[str, str, str]:
@@ -288,6 +292,11 @@ def render_certificate(cert: Certificate) -> list[str]:
         f"pulled: {pulls()}",
         "departed: " + (" ".join(f"{p}#{i} ({why})" for p, i, why in cert.departed) or "none"),
         f"owners: {','.join(cert.owners)} (ownership v{cert.ownership_version})",
+        *([f"ownership: {render_ownership(cert.ownership)}",
+           "moved: " + (" ".join(render_shard_pull(m) for m in cert.moved) or "none")]
+          + [f"object {r.object_id}: revision {r.application_revision} digest {r.digest or '-'} source "
+             f"{r.reconstruction_source} partition {r.old_partition or '-'} -> {r.new_partition}"
+             for r in cert.objects] if cert.ownership else []),
         "divergence: " + (" ".join(f"{p}:{d or '-'}" for p, d in cert.divergence) or "none"),
         f"regressed_from: {'none' if cert.regressed_from is None else f'r{cert.regressed_from}'}",
         f"state: epoch {cert.state_epoch}, from {cert.frontier_source}" + (f"; {cert.recovery}" if cert.recovery else ""),
