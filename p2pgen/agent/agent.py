@@ -138,6 +138,7 @@ class Agent:
         self._stopped = threading.Event()
         self._app_kill: tuple[Application, bool] | None = None   # (app, counts as a failure)
         self._stopped_app: tuple[Application, float] | None = None
+        self._lost: dict[tuple[str, str], str] = {}     # (agent address, instance or "") -> why it is lost
         self._leaderless_since: float | None = None
         self._last_membership_check = 0.0
         self._configured = config.min_members <= 1 and not config.state.sets_job_rules
@@ -339,6 +340,8 @@ class Agent:
         self.membership.settle_pending()
         self._try_register()
         self._relaunch_if_due()
+        if self._lost:
+            self._evict_lost_agents()
         view = self.node.view()
         if self._stopped_app is not None:
             app, since = self._stopped_app
@@ -485,18 +488,30 @@ class Agent:
             log.info("reported %s#%d: %s", self.config.peer_id, app.incarnation, outcome.reason)
 
     def _evict_agent(self, control_addr: str, instance: str, why: str) -> None:
-        """Another agent is gone (silent, or replaced by a new process): suspect the members it ran. A member
-        registered by a newer process at that address (another agent instance) is left alone."""
-        for member in list(self.node.view().machine.members):
-            if member.addr("agent") != control_addr:
+        """Another agent is gone (silent, or replaced by a new process): its members are suspected now and
+        at every turn after, until none is left in the job (a Suspect that found no quorum is not dropped)
+        or that process is heard again. An empty `instance` (an agent never heard) means any process there."""
+        self._lost[(control_addr, instance)] = why
+        self._evict_lost_agents()
+
+    def _evict_lost_agents(self) -> None:
+        """Suspect every member run by an agent reported lost. A member registered by a newer process at
+        that address (another agent instance) is left alone."""
+        heard = self.heartbeats.heard()
+        members = self.node.view().machine.members
+        for (addr, instance), why in list(self._lost.items()):
+            back = heard.get(addr)
+            doomed = [m for m in members if m.addr("agent") == addr
+                      and (not instance or m.addr("agent_instance") in (None, instance))]
+            if not doomed or (back is not None and back.instance == (instance or back.instance)):
+                del self._lost[(addr, instance)]
                 continue
-            if instance and member.addr("agent_instance") not in (None, instance):
-                continue
-            outcome = self._submit(Suspect(self.config.peer_id, member.peer_id, member.incarnation,
-                                           f"agent {control_addr} {why}", at=time.time()),
-                                   f"suspect {member.peer_id}#{member.incarnation}")
-            if outcome is not None:
-                log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
+            for member in doomed:
+                outcome = self._submit(Suspect(self.config.peer_id, member.peer_id, member.incarnation,
+                                               f"agent {addr} {why}", at=time.time()),
+                                       f"suspect {member.peer_id}#{member.incarnation}")
+                if outcome is not None:
+                    log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
 
     def _leave(self, hand_over: bool = True) -> None:
         if hand_over:

@@ -7,8 +7,10 @@ Invariants kept:
 - a heartbeat that is not signed with the job's key is ignored (I8): an outsider can neither keep a dead
   peer alive nor get one evicted. A signed heartbeat from an agent that is not a target yet (a joiner whose
   member is not registered) makes it one, so both sides hear each other from the joiner's first beat;
-- only an agent heard at least once (since the last reset) is ever suspected: an agent that just joined, or
-  cannot hear anyone, never blames the others for a silence it cannot tell from its own;
+- an agent that hears no other agent blames no one: it cannot tell their silence from its own deafness (it
+  just joined, or it is cut off). One that hears some suspects a target silent for the detector's timeout,
+  heard before or not: an agent that died before its first heartbeat arrived (SIGKILLed right after its
+  member registered) must still be evicted;
 - our own stall (a SIGSTOP, a long GC) is never blamed on others: after a gap longer than the
   detector's floor, the gap is taken out of every peer's silence (its last arrival moves that much later);
   one already suspected stays suspected until it is heard again;
@@ -234,7 +236,10 @@ class HeartbeatRunner:
         for peer, reason in suspects(now, self._history, self.config).items():
             with self._lock:
                 last = self._heard.get(peer)
-                if peer not in targets or peer in self._reported or last is None:
+                hears_others = any(a != peer and a not in self._reported for a in self._heard)
+                if peer not in targets or peer in self._reported or (last is None and not hears_others):
                     continue
                 self._reported.add(peer)
-            self._on_suspect(peer, last.instance, reason)
+            if last is None:
+                reason = f"never heard from in {reason}"
+            self._on_suspect(peer, last.instance if last else "", reason)

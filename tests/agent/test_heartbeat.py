@@ -94,3 +94,28 @@ def test_an_agent_that_keeps_stalling_still_convicts_a_dead_peer():
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_target_never_heard_is_suspected_only_by_an_agent_that_hears_others():
+    """C died before its first heartbeat arrived (SIGKILLed right after its member registered): A, which
+    hears B, suspects it as a never-heard agent; D, which hears no one, blames no one for a silence it cannot
+    tell from its own deafness."""
+    a_addr, b_addr, c_addr, d_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(4))
+    by_a: list[tuple[str, str, str]] = []
+    by_d: list[str] = []
+    a = runner(a_addr, lambda: {b_addr, c_addr}, lambda peer, instance, why: by_a.append((peer, instance, why)))
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    d = runner(d_addr, lambda: {c_addr}, lambda peer, instance, why: by_d.append(peer))
+    for r in (a, b, d):
+        r.start()
+    try:
+        wait_for(lambda: c_addr in a.suspected())
+        [(peer, instance, why)] = by_a
+        assert (peer, instance) == (c_addr, "") and why.startswith("never heard from")
+        assert b_addr in a.heard() and b_addr not in a.suspected()
+        time.sleep(3 * CONFIG.timeout)
+        assert by_d == [] and d.suspected() == set()
+    finally:
+        for r in (a, b, d):
+            r.stop()
