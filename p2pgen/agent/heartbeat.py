@@ -15,6 +15,10 @@ Invariants kept:
   detector's floor, the gap is taken out of every peer's silence (its last arrival moves that much later);
   one already suspected stays suspected until it is heard again;
 - each suspicion is reported once until the peer is heard from again;
+- every heartbeat also says which agents its sender cannot hear (those it suspects). A peer that keeps saying it
+  cannot hear this agent for the detector's floor (our own stalls excluded; it took the timeout to say so) is reported too, though we hear it:
+  an agent that can speak but not listen gets no Raft log and can vote for nothing, so left in the job it would
+  hold every generation change until the link heals (a one-way partition);
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
 - a replayed heartbeat (one not newer than the last heard from its process, or from a process already
@@ -44,6 +48,7 @@ TAG_BYTES = 32
 MAX_PACKET = 4096
 RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
+MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Announcement:
     instance: str               # nonce of the agent process
     node: str                   # id of the Raft node it runs as a voter, or "" (a non-voting member)
     eligible: bool              # a non-voting member that is caught up and may be promoted to voter
+    unheard: tuple[str, ...] = ()   # agents it suspects: it cannot hear them (filled in by the runner)
 
 
 class HeartbeatRunner:
@@ -66,6 +72,8 @@ class HeartbeatRunner:
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
         self._last_seq: dict[str, tuple[str, int]] = {}  # address -> (instance, highest seq) (receive thread)
         self._retired: dict[str, list[str]] = {}         # address -> instances replaced there (receive thread)
+        self._unheard_since: dict[str, float] = {}       # peer -> since when it says it cannot hear us (receive thread)
+        self._deaf: set[str] = set()                     # peers reported for not hearing us (guarded by _lock)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -103,9 +111,10 @@ class HeartbeatRunner:
         return self.counters.snapshot()
 
     def heard(self) -> dict[str, Announcement]:
-        """The last announcement of every agent heard from and not suspected since."""
+        """The last announcement of every agent heard from and not suspected since (neither silent nor deaf
+        to this agent)."""
         with self._lock:
-            return {a: ann for a, ann in self._heard.items() if a not in self._reported}
+            return {a: ann for a, ann in self._heard.items() if a not in self._reported and a not in self._deaf}
 
     def _run(self) -> None:
         next_send = last_loop = time.monotonic()
@@ -142,6 +151,7 @@ class HeartbeatRunner:
         stalling still needs: a starved leader must still convict (and remove) a dead voter."""
         with self._lock:
             reported = set(self._reported)
+        self._unheard_since.clear()
         for peer in self._history.peers():
             if peer in reported:
                 continue
@@ -155,14 +165,17 @@ class HeartbeatRunner:
             self._history.record(peer, now)       # a new node gets a full timeout before judgement
         for peer in known - targets:
             self._history.forget(peer)
+            self._unheard_since.pop(peer, None)
             with self._lock:
                 self._reported.discard(peer)
+                self._deaf.discard(peer)
                 self._heard.pop(peer, None)
 
     def _send(self, targets: set[str]) -> None:
         self._seq += 1
         me = self._announce()
-        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible])
+        unheard = sorted(self.suspected())[:MAX_UNHEARD]
+        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
         packet = body + prove(self.key, body)
         for target in targets:
             if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
@@ -195,8 +208,11 @@ class HeartbeatRunner:
         if len(packet) <= TAG_BYTES or not verify(self.key, tag, body):
             return self._drop("forged", "not signed with this job's heartbeat key")
         try:
-            job, sender, seq, instance, node, eligible = msgpack.unpackb(body)
-            heard = Announcement(str(instance), str(node), bool(eligible))
+            job, sender, seq, instance, node, eligible, unheard = msgpack.unpackb(body)
+            if not isinstance(unheard, list) or len(unheard) > MAX_UNHEARD or \
+                    not all(isinstance(a, str) for a in unheard):
+                raise ValueError(f"unheard {unheard!r} is not a list of at most {MAX_UNHEARD} addresses")
+            heard = Announcement(str(instance), str(node), bool(eligible), tuple(unheard))
             _, colon, port = sender.rpartition(":")
             if not (colon and port.isdigit()) or not isinstance(seq, int):
                 raise ValueError(f"sender {sender!r} is not HOST:PORT or seq {seq!r} is not an integer")
@@ -218,7 +234,25 @@ class HeartbeatRunner:
         if before is not None and before.instance != heard.instance:
             self._history.forget(sender)          # the new process is judged afresh
             self._on_replaced(sender, before.instance, heard.instance)
-        self._history.record(sender, time.monotonic())
+        now = time.monotonic()
+        self._history.record(sender, now)
+        self._judge_deafness(sender, heard, now)
+
+    def _judge_deafness(self, sender: str, heard: Announcement, now: float) -> None:
+        """Report `sender` once it has said for the detector's timeout that it cannot hear this agent; forget
+        that as soon as it hears us again."""
+        if self.self_addr not in heard.unheard:
+            self._unheard_since.pop(sender, None)
+            with self._lock:
+                self._deaf.discard(sender)
+            return
+        since = self._unheard_since.setdefault(sender, now)
+        with self._lock:
+            if now - since < self.config.floor or sender in self._deaf:
+                return
+            self._deaf.add(sender)
+        self._on_suspect(sender, heard.instance, f"it has not heard this agent for {now - since:.2f} s "
+                                                 "(it speaks but cannot listen: a one-way loss)")
 
     def _replayed(self, sender: str, instance: str, seq: int) -> bool:
         """Whether this heartbeat is not newer than the last one of its process, or comes from a process

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from p2pgen import faults
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
 from p2pgen.detect import DetectorConfig
 
@@ -119,3 +120,36 @@ def test_a_target_never_heard_is_suspected_only_by_an_agent_that_hears_others():
     finally:
         for r in (a, b, d):
             r.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_speaks_but_cannot_hear_us_is_reported_though_we_hear_it(tmp_path):
+    """What A sends to M is lost (one way): M suspects A and says so in its heartbeats; A, which hears M, reports
+    M as deaf to it once M has said so for the floor, and stops counting it as heard. The link heals: M hears A
+    again, says so, and A counts M as heard again."""
+    a_port = m_port = free_udp_port()
+    while abs(a_port - m_port) < faults.AGENT_PORT_SPAN:     # the rules tell agents apart by port block
+        m_port = free_udp_port()
+    a_addr, m_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{m_port}"
+    rules = tmp_path / "faults.json"
+    faults.heal(rules)
+    faults.watch(str(rules))
+    by_a: list[tuple[str, str]] = []
+    a = runner(a_addr, lambda: {m_addr}, lambda peer, instance, why: by_a.append((peer, why)))
+    m = runner(m_addr, lambda: {a_addr}, lambda *args: None)
+    try:
+        a.start()
+        m.start()
+        wait_for(lambda: m_addr in a.heard() and a_addr in m.heard())
+        faults.write_partition(rules, [[a_addr], [m_addr]], one_way=True)
+        wait_for(lambda: by_a)
+        [(peer, why)] = by_a
+        assert peer == m_addr and "cannot listen" in why
+        assert a_addr in m.suspected() and m_addr not in a.heard() and m_addr not in a.suspected()
+        faults.heal(rules)
+        wait_for(lambda: m_addr in a.heard())
+        assert a_addr not in m.suspected() and len(by_a) == 1
+    finally:
+        faults.watch(None)
+        a.stop()
+        m.stop()

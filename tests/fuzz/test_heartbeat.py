@@ -35,7 +35,7 @@ def signed(body: bytes, key: bytes = KEY) -> bytes:
 
 
 def heartbeat(sender: str, seq: int, instance: str, job: str = JOB, key: bytes = KEY) -> bytes:
-    return signed(msgpack.packb([job, sender, seq, instance, "", False]), key)
+    return signed(msgpack.packb([job, sender, seq, instance, "", False, []]), key)
 
 
 class Rig:
@@ -132,7 +132,7 @@ def test_signed_garbage_is_dropped_as_malformed(rig, body):
     st.none(), st.text(max_size=3), st.floats(allow_nan=True)), instance=st.one_of(
     st.none(), st.integers(-2**63, 2**64 - 1), st.lists(st.booleans())))
 def test_signed_heartbeats_with_wrong_field_types_are_dropped(rig, job, sender, seq, instance):
-    rig.attack(signed(msgpack.packb([job, sender, seq, instance, None, 3])), ("malformed", "wrong_job"))
+    rig.attack(signed(msgpack.packb([job, sender, seq, instance, None, 3, []])), ("malformed", "wrong_job"))
     rig.honest_served()
 
 
@@ -172,4 +172,13 @@ def test_a_replayed_heartbeat_of_a_replaced_process_does_not_report_the_new_one_
     assert rig.target.heard()[addr].instance == "new"
     assert rig.replaced == [(addr, "old", "new")]
     rig.attack(heartbeat(rig.target.self_addr, 10**6, "target"), ("replayed",))   # our own, reflected
+    rig.honest_served()
+
+
+@FUZZ
+@given(unheard=st.one_of(st.none(), st.integers(), st.text(max_size=5),
+                         st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+                         st.lists(st.one_of(st.integers(), st.none(), st.binary(max_size=3)), min_size=1, max_size=3)))
+def test_a_heartbeat_whose_unheard_list_is_not_a_list_of_addresses_is_dropped(rig, unheard):
+    rig.attack(signed(msgpack.packb([JOB, "127.0.0.1:1", 1, "x", "", False, unheard])), ("malformed",))
     rig.honest_served()
