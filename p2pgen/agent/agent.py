@@ -148,10 +148,10 @@ class Agent:
         self.rpc = RpcServer(host, port, config.job, config.secret, self._handlers())
         self.heartbeats = HeartbeatRunner(host, port, derive_key(config.secret, config.job, "heartbeat"),
                                           config.job, self.addr, config.detector, self._heartbeat_targets,
-                                          lambda peer, inst, why: self._events.put(("agent_lost", peer, inst, why)),
+                                          lambda peer, inst, why: self._agent_lost(peer, inst, why),
                                           self._announce,
-                                          lambda peer, old, new: self._events.put(
-                                              ("agent_lost", peer, old, f"replaced by a new agent process ({new})")))
+                                          lambda peer, old, new: self._agent_lost(
+                                              peer, old, f"replaced by a new agent process ({new})"))
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
                                    self._leaving.is_set)
@@ -275,9 +275,16 @@ class Agent:
 
     # --- the driver --------------------------------------------------------------------------------
 
+    def _agent_lost(self, peer: str, instance: str, why: str) -> None:
+        """The heartbeats say another agent is gone: its members are for the driver, its voter (if the
+        node here leads) for the voter manager, both at once."""
+        self._events.put(("agent_lost", peer, instance, why))
+        self.voters.poke()
+
     def _wake_driver(self) -> None:
-        """A node published a new view (an entry applied, a leader or term change): the driver looks now. At
-        most one such wake-up is queued at a time."""
+        """A node published a new view (an entry applied, a leader or term change): the driver and the voter
+        manager look now. At most one driver wake-up is queued at a time."""
+        self.voters.poke()
         if not self._view_wake.is_set():
             self._view_wake.set()
             self._events.put(("view",))

@@ -77,7 +77,6 @@ class HeartbeatRunner:
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
-        self._sock.settimeout(config.heartbeat_interval / 2)
         self._history = HeartbeatHistory(config.window)
         self._reported: set[str] = set()
         self._lock = threading.Lock()            # guards _reported, read by other threads via suspected()
@@ -117,22 +116,23 @@ class HeartbeatRunner:
             return {a: ann for a, ann in self._heard.items() if a not in self._reported and a not in self._deaf}
 
     def _run(self) -> None:
-        next_send = last_loop = time.monotonic()
+        """One round per heartbeat interval: send, take what arrives until the next send, judge. The thread
+        wakes only for a packet or the next send (no polling: an idle agent costs little CPU)."""
+        next_send = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            if now - last_loop > self.config.floor:
-                self._forgive_all(now, now - last_loop)
+            late = now - next_send                # past the planned end of the last round: our own stall
+            if late > self.config.floor:
+                self._forgive_all(now, late)
             elif self._reset_requested:
                 self._reset_requested = False
                 self._forgive(now)
-            last_loop = now
             targets = (self._targets() | self._callers()) - {self.self_addr}
             self._track(targets, now)
-            if now >= next_send:
-                self._send(targets)
-                next_send = now + self.config.heartbeat_interval
-            self._receive(targets)
-            if time.monotonic() - now < self.config.floor:   # stalled inside this round: judge next round
+            self._send(targets)
+            next_send = now + self.config.heartbeat_interval
+            self._receive(targets, next_send)
+            if time.monotonic() - next_send < self.config.floor:   # stalled inside this round: judge next round
                 self._judge(targets, time.monotonic())
 
     def reset(self) -> None:
@@ -186,15 +186,20 @@ class HeartbeatRunner:
             except OSError as e:
                 log.debug("heartbeat to %s failed: %s", target, e)
 
-    def _receive(self, targets: set[str]) -> None:
-        """Wait (at most half an interval) for a heartbeat, then take every one already queued."""
-        flags = 0
+    def _receive(self, targets: set[str], until: float) -> None:
+        """Take every heartbeat that arrives until `until` (at most 1024 in one round)."""
         for _ in range(1024):
-            try:
-                packet, _ = self._sock.recvfrom(MAX_PACKET + 1, flags)
-            except (socket.timeout, BlockingIOError, OSError):
+            left = until - time.monotonic()
+            if left <= 0 or self._stop.is_set():
                 return
-            flags = socket.MSG_DONTWAIT
+            self._sock.settimeout(left)
+            try:
+                packet, _ = self._sock.recvfrom(MAX_PACKET + 1)
+            except socket.timeout:
+                return
+            except OSError as e:                 # closed by stop(), or an ICMP error for an earlier send
+                log.debug("heartbeat receive failed: %s", e)
+                continue
             self._take(packet, targets)
 
     def _drop(self, reason: str, detail: str) -> None:

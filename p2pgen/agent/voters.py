@@ -25,8 +25,7 @@ from p2pgen.errors import P2PGenError
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.05              # while this agent's node leads
-IDLE_TICK_S = 0.25         # otherwise: only the first-seen times of voters are kept up to date
+TICK_S = 0.25              # a look at least this often; `poke` (a suspicion, a new Raft view) makes one at once
 HOLD_BACK_S = 5.0          # after a failed promotion, leave that agent alone for this long
 
 
@@ -39,28 +38,37 @@ class VoterManager:
         self._held_back: dict[str, float] = {}         # agent addr -> until when
         self.last_decision: VoterDecision | None = None
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voter-manager", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def poke(self) -> None:
+        """Something this manager decides on changed (an agent suspected or replaced, a new view): look now."""
+        self._poked.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._poked.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        pause = TICK_S
-        while not self._stop.wait(pause):
+        while not self._stop.is_set():
+            self._poked.wait(TICK_S)
+            self._poked.clear()
+            if self._stop.is_set():
+                return
             try:
-                pause = TICK_S if self._tick(time.monotonic()) else IDLE_TICK_S
+                self._tick(time.monotonic())
             except P2PGenError as e:
                 log.info("voter change not made: %s", e)
             except Exception:
                 log.exception("voter manager failed; retrying")
 
     def _tick(self, now: float) -> bool:
-        """One look at the voters; True while this agent's node leads (then it looks again soon)."""
+        """One look at the voters; True while this agent's node leads."""
         node = self.membership.node
         view = node.view() if node is not None else None
         if view is None:

@@ -64,10 +64,10 @@ class RaftUnavailable(P2PGenError):
 class RaftTiming:
     """Timeouts of the Raft node. Tight by default: the agent process does nothing else (see notes)."""
 
-    append_period: float = 0.05
+    append_period: float = 0.09        # idle heartbeats only (new entries and commits are sent at once); < election_min / 3
     election_min: float = 0.3
     election_max: float = 0.6
-    tick: float = 0.05                # longest sleep between ticks; socket events and submissions wake it at once
+    tick: float = 0.1                 # longest sleep between ticks; socket events and submissions wake it at once
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
 

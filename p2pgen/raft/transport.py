@@ -39,7 +39,7 @@ REFUSED = "p2pgen_refused"
 
 
 class NodeTransport(TCPTransport):
-    keepalive_interval = 0.1
+    keepalive_interval = 0.3          # well inside connectionTimeout (1 s)
 
     def __init__(self, syncObj, selfNode, otherNodes):
         self._last_keepalive = 0.0
