@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import free_control_ports
+from p2pgen.testing.agents import active, free_control_ports
 from tests.integration.apps.sharded_train import SHARDS, reference
 from tests.integration.test_state_survives import committed, wait_certificate
 
@@ -74,8 +74,9 @@ def test_shards_move_from_replicas_before_activation_and_training_stays_exact(cl
         assert {rec["reconstruction_source"] for rec in cert["objects"]} == {"replica"}, cert["objects"]
     cluster.wait_until(lambda: committed(run_env["traces"]) >= crash["frontier"]["revision"] + 5, 90, "5 more steps")
 
-    # 2. a whole host dies: 4 -> 3 members; p3's shards are copied from their other owner
-    before = crash
+    # 2. a whole host dies: 4 -> 3 members; p3's shards are copied from their other owner. The map to compare
+    # with is the active one when p3 dies (on a loaded machine another generation may follow the crash's).
+    before = active(cluster.wait(addrs[0], lambda s: active(s) is not None and len(active(s)["members"]) == 4))
     os.killpg(cluster.agents["p3"].pid, signal.SIGKILL)
     lost_at = time.time()
     three, history = wait_certificate(cluster, addrs[0], lambda c: c["activated_at"] > lost_at
