@@ -307,7 +307,8 @@ def sharded_starting_state(run_dir: str, peer_id: str) -> tuple[SharedState, dic
     return state, {"source": "initial"}
 
 
-def starting_state(policy: str, run_dir: str, peer_id: str, sharded: bool = False) -> tuple[SharedState, dict[str, Any]]:
+def starting_state(policy: str, run_dir: str, peer_id: str,
+                   sharded: bool = False) -> tuple[SharedState, dict[str, Any]]:
     """Where this process's state comes from: see `policies`."""
     if sharded:
         return sharded_starting_state(run_dir, peer_id)

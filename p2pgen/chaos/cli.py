@@ -99,10 +99,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             shutil.rmtree(root, ignore_errors=True)
     rows = [report.summarize(p, verdicts[p], rafts[p]) for p in policies]
     if args.json:
-        print(json.dumps({"seed": args.seed, "sharded": args.sharded, "first": args.first, "schedules": count, "injections_per_schedule": per,
+        print(json.dumps({"seed": args.seed, "sharded": args.sharded, "first": args.first, "schedules": count,
+                          "injections_per_schedule": per,
                           "summary": rows, "runs": runs}, indent=1))
     else:
-        print(f"p2pgen chaos{' --sharded' if args.sharded else ''} --seed {args.seed}: {count} schedule(s) x {len(policies)} policies, "
+        variant = " --sharded" if args.sharded else ""
+        print(f"p2pgen chaos{variant} --seed {args.seed}: {count} schedule(s) x {len(policies)} policies, "
               f"{per} injection(s) each\n")
         print(report.table(rows))
     certified = verdicts.get("certified", [])
