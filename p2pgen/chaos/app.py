@@ -28,7 +28,9 @@ Sharded variant (config `sharded`, `p2pgen chaos --sharded`, certified only): th
 indexes the certificate gave it (`assigned`, at activation), for the checker's "mismatched shard version".
 Shard pulls use SHARD_CHUNK-byte chunks (so a shard takes several frames) and `kill_shard_source` fires after
 the first chunk of a shard arrived. `stale_replica` and `reuse_rank` wipe this peer's local copy (as a lost
-host's /dev/shm) and leave the state the next process starts from in RUN_DIR/stale/ or RUN_DIR/reuse/.
+host's /dev/shm) and leave the state the next process starts from in RUN_DIR/stale/ or RUN_DIR/reuse/;
+`stale_replica` also SIGKILLs the application of the other owner of its first shard (that one keeps its local
+copy), so that the stale copy may be the only one offered for a while (`co_owner_killed`).
 """
 
 from __future__ import annotations
@@ -147,9 +149,24 @@ class Injector:
             save_sharded(os.path.join(self.run_dir, "stale", f"{self.peer_id}.npz"), revision, w, m, shards,
                          writer=self.peer_id)
             _wipe_local_copy()
+            partner = self._co_owner()
+            if partner:
+                self.log("co_owner_killed", name=inj.name, co_owner=partner)   # part of this injection
+                self._kill_app_of(partner)
             os.kill(me, signal.SIGKILL)
         elif inj.kind == "reuse_rank":
             self._reuse_rank()
+
+    def _co_owner(self) -> str | None:
+        """The other owner of this member's first shard in the active certificate (None: none known)."""
+        cert = self.peer.certificate if self.peer else None
+        me = f"{self.peer_id}#{self.peer.incarnation}" if self.peer else ""
+        for entry in (cert or {}).get("ownership", []):
+            if me in entry["owners"]:
+                others = [o.split("#")[0] for o in entry["owners"] if o != me]
+                if others:
+                    return others[0]
+        return None
 
     def _reuse_rank(self) -> None:
         """Be replaced at this address within 0.2 s with no local copy; the next process of this peer id starts

@@ -25,7 +25,9 @@ schedules of a seed are unchanged), every other injection being one of them:
   injection's): after the first chunk of a shard arrived, SIGKILL the application serving it (a source dying
   mid-shard); the puller must finish the shard from another owner, or not report `synced`;
 - `stale_replica`: the application comes back holding its state and shards of STALE_BACK commits ago (its
-  local copy lost, an older copy of its own found), and offers them in its vote: never a source;
+  local copy lost, an older copy of its own found), and offers them in its vote: never a source; the
+  application of the other owner of its first shard is SIGKILLed with it (its local copy kept), so that for a
+  while the stale copy may be the only one offered for that shard;
 - `reuse_rank`: the agent is replaced at its address within 0.2 s (its peer id and rank reused, the local
   copy lost) and the new process starts from the state and shards that the member of the next rank saved:
   another rank's shards, which the new ownership map, not the rank, decides about.
