@@ -9,6 +9,8 @@ Layout, bottom up:
 - `checker`   judges a run against the serial reference and names the semantic failure.
 - `report`    the table (semantic failures first) and its JSON.
 - `cli`       `p2pgen chaos`.
+`--sharded` (issue 16 item 7) adds a sharded object to the mini-training and faults during repartition; the
+checker then also judges every shard a member exposes against the shard of its revision.
 Invariant of the package: a run passes only if every live member ends bit-identical and equal to one
-legal serial history; speed is reported, never judged.
+legal serial history (shards included, in the sharded variant); speed is reported, never judged.
 """

@@ -21,12 +21,24 @@ last frame the ring sends at the current world size, so a fault aimed at a 4-mem
 the world shrank.
 Collectives of one generation are identified by (generation, attempt): the members of a generation run
 the same collectives in lockstep, so their k-th step attempts in it are one collective.
+
+Sharded variant (config `sharded`, `p2pgen chaos --sharded`, certified only): the state also declares
+`model.SHARDED`; after the weights each owner updates the shards it holds (`model.optimizer_shards`), and
+`activate`, `apply` and `final` carry the digest of every shard the member exposes (`shards`), with the
+indexes the certificate gave it (`assigned`, at activation), for the checker's "mismatched shard version".
+Shard pulls use SHARD_CHUNK-byte chunks (so a shard takes several frames) and `kill_shard_source` fires after
+the first chunk of a shard arrived. `stale_replica` and `reuse_rank` wipe this peer's local copy (as a lost
+host's /dev/shm) and leave the state the next process starts from in RUN_DIR/stale/ or RUN_DIR/reuse/;
+`stale_replica` also SIGKILLs the application of the other owner of its first shard (that one keeps its local
+copy), so that the stale copy may be the only one offered for a while (`co_owner_killed`).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,12 +48,15 @@ from typing import Any
 import numpy as np
 
 from p2pgen.chaos import model, policies
-from p2pgen.chaos.schedule import Injection
+from p2pgen.chaos.schedule import ANY_PEER, STALE_BACK, Injection
 from p2pgen.collectives import tcp
-from p2pgen.state import SharedState
+from p2pgen.state import SharedState, shardpull, wire
+from p2pgen.state.keeper import ENV_LOCAL
+from p2pgen.state.pull import PullConfig
 from p2pgen.transport import FrameKind
 
 TWO_AGENTS_GAP_S = 0.2           # kill_two_agents: well inside the detection timeout (1.0 s)
+SHARD_CHUNK = 32                 # bytes per shard-pull frame here: a 128-byte shard comes in 4 chunks
 
 
 class EventLog:
@@ -59,9 +74,12 @@ class Injector:
 
     def __init__(self, run_dir: str, config: dict[str, Any], peer_id: str, log: EventLog) -> None:
         self.run_dir, self.config, self.peer_id, self.log = run_dir, config, peer_id, log
-        self.mine = [Injection(**i) for i in config["injections"] if i["peer"] == peer_id]
+        self.all = [Injection(**i) for i in config["injections"]]
+        self.mine = [i for i in self.all if i.peer in (peer_id, ANY_PEER)]
         self.peer: policies.ChaosPeer | None = None
         self.frames_armed: tuple[int, int, int] | None = None      # (collective seq, revision, world)
+        self.fetching: str | None = None          # the source of the shard being pulled now
+        self.committed: collections.deque = collections.deque(maxlen=STALE_BACK + 1)   # stale_replica's copies
 
     def at(self, point: str, revision: int, **context: Any) -> None:
         for inj in self.mine:
@@ -79,6 +97,15 @@ class Injector:
                     self.log("inject", kind=inj.kind, point="mid_allreduce", revision=revision, name=inj.name,
                              frame=sent)
                     self._fire(inj, {})
+
+    def on_shard_chunk(self, chunk: int) -> None:
+        """A chunk of a shard arrived from `self.fetching`: kill_shard_source kills that source after the first."""
+        source, revision = self.fetching, self.peer.state.revision if self.peer else 0
+        for inj in self.mine:
+            if inj.point == "shard_pull" and chunk == 0 and source and revision >= inj.revision and self._claim(inj):
+                self.log("inject", kind=inj.kind, point="shard_pull", revision=revision, name=inj.name,
+                         source=source, chunk=chunk)
+                self._kill_app_of(source)
 
     def _claim(self, inj: Injection) -> bool:
         """Once the harness fixed the end of the run (RUN_DIR/finish), no new fault starts."""
@@ -117,6 +144,40 @@ class Injector:
             self._request_partition(inj)
         elif inj.kind == "leave":
             raise SystemExit(0)
+        elif inj.kind == "stale_replica":
+            revision, w, m, shards = self.committed[0]
+            save_sharded(os.path.join(self.run_dir, "stale", f"{self.peer_id}.npz"), revision, w, m, shards,
+                         writer=self.peer_id)
+            _wipe_local_copy()
+            partner = self._co_owner()
+            if partner:
+                self.log("co_owner_killed", name=inj.name, co_owner=partner)   # part of this injection
+                self._kill_app_of(partner)
+            os.kill(me, signal.SIGKILL)
+        elif inj.kind == "reuse_rank":
+            self._reuse_rank()
+
+    def _co_owner(self) -> str | None:
+        """The other owner of this member's first shard in the active certificate (None: none known)."""
+        cert = self.peer.certificate if self.peer else None
+        me = f"{self.peer_id}#{self.peer.incarnation}" if self.peer else ""
+        for entry in (cert or {}).get("ownership", []):
+            if me in entry["owners"]:
+                others = [o.split("#")[0] for o in entry["owners"] if o != me]
+                if others:
+                    return others[0]
+        return None
+
+    def _reuse_rank(self) -> None:
+        """Be replaced at this address within 0.2 s with no local copy; the next process of this peer id starts
+        from the state the member of the next rank last saved (its shards are another rank's)."""
+        peer = self.peer
+        rank = (peer.rank + 1) % peer.world if peer and peer.world else 0
+        with open(os.path.join(self.run_dir, "reuse", self.peer_id), "w") as f:
+            f.write(str(rank))
+        open(os.path.join(self.run_dir, "fast", self.peer_id), "w").close()
+        _wipe_local_copy()
+        self._kill_own_agent()
 
     @staticmethod
     def _kill_own_agent() -> None:
@@ -170,6 +231,38 @@ class Injector:
             pass
 
 
+def _wipe_local_copy() -> None:
+    """This host lost the local copy (e.g. its /dev/shm): the next process cannot restore it."""
+    folder = os.environ.get(ENV_LOCAL, "")
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def save_sharded(path: str, revision: int, w: np.ndarray, m: np.ndarray, shards: dict[int, np.ndarray],
+                 **meta: Any) -> None:
+    """Atomic: the state and the shards held at one committed revision."""
+    tmp = f"{path}.{os.getpid()}.tmp.npz"
+    np.savez(tmp, w=w, m=m, revision=revision, **{f"shard_{i}": a for i, a in shards.items()},
+             **{k: np.array(v) for k, v in meta.items()})
+    os.replace(tmp, path)
+
+
+def load_sharded(path: str) -> SharedState | None:
+    """A SharedState holding exactly the state and shards saved by `save_sharded` (None: no file)."""
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as z:
+        state = SharedState(tensors={"w": z["w"].copy(), "m": z["m"].copy()}, revision=int(z["revision"]))
+        model.declare_shards(state)
+        state.sharded[model.SHARDED].held = {int(k[6:]): z[k].copy() for k in z.files if k.startswith("shard_")}
+    return state
+
+
+def shard_digests(state: SharedState) -> dict[str, dict[str, str]]:
+    """object id -> shard index (as text) -> digest, for every shard this member holds."""
+    return {o: {str(i): obj.digest(i) for i in obj.owned()} for o, obj in state.sharded.items()}
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -189,8 +282,53 @@ def _count_frames(injector: Injector) -> None:
     tcp._Pipe = CountingPipe
 
 
-def starting_state(policy: str, run_dir: str, peer_id: str) -> tuple[SharedState, dict[str, Any]]:
+def _count_shard_chunks(injector: Injector) -> None:
+    """Pull shards in SHARD_CHUNK-byte frames, and tell the injector of each chunk and of its source."""
+    shardpull.pull_shards.__kwdefaults__["config"] = PullConfig(chunk_bytes=SHARD_CHUNK)
+    fetch, base = shardpull._fetch, wire.FrameReceiver
+
+    def counting_fetch(source: Any, *rest: Any, **kw: Any) -> np.ndarray:
+        injector.fetching = source.peer_id
+        try:
+            return fetch(source, *rest, **kw)
+        finally:
+            injector.fetching = None
+
+    class CountingReceiver(base):  # type: ignore[misc, valid-type]
+        def recv(self, kind: int, op_seq: int, chunk: int, *rest: Any) -> Any:
+            out = super().recv(kind, op_seq, chunk, *rest)
+            if injector.fetching is not None and kind == wire.CHUNK:
+                injector.on_shard_chunk(chunk)
+            return out
+    shardpull._fetch = counting_fetch
+    wire.FrameReceiver = CountingReceiver
+
+
+def sharded_starting_state(run_dir: str, peer_id: str) -> tuple[SharedState, dict[str, Any]]:
+    """certified, sharded: a stale copy (stale_replica), another rank's state (reuse_rank) or the initial state
+    (the local copy, when there is one, is restored later by the peer if it is newer)."""
+    for kind, path in (("stale", os.path.join(run_dir, "stale", f"{peer_id}.npz")),
+                       ("other-rank", os.path.join(run_dir, "reuse", peer_id))):
+        if not os.path.exists(path):
+            continue
+        used = f"{path}.used-{os.getpid()}"
+        os.replace(path, used)                                    # one process starts from it, once
+        if kind == "other-rank":
+            with open(used) as f:
+                used = os.path.join(run_dir, "ranks", f"{f.read().strip()}.npz")
+        state = load_sharded(used)
+        if state is not None:
+            return state, {"source": kind, "from": os.path.basename(used)}
+    state = SharedState(tensors=model.initial_tensors())
+    model.declare_shards(state)
+    return state, {"source": "initial"}
+
+
+def starting_state(policy: str, run_dir: str, peer_id: str,
+                   sharded: bool = False) -> tuple[SharedState, dict[str, Any]]:
     """Where this process's state comes from: see `policies`."""
+    if sharded:
+        return sharded_starting_state(run_dir, peer_id)
     loaded = None
     if policy == "comm-only":
         loaded = policies.load_npz(policies.snapshot_path(run_dir, peer_id))
@@ -222,9 +360,23 @@ def run_step(step: Any, state: SharedState, injector: Injector, log: EventLog, a
     model.optimizer_momentum(state.tensors["m"], grad)
     injector.at("mid_optimizer", r)
     model.optimizer_weights(state.tensors["w"], state.tensors["m"])
+    shards = {}
+    if state.sharded:
+        model.optimizer_shards(state.sharded[model.SHARDED], grad)
+        shards = {"shards": shard_digests(state)}
     step.commit()
     log("apply", generation=step.generation, attempt=attempt, rank=step.rank, world=step.world, revision=r,
-        before=before, after=state.digest())
+        before=before, after=state.digest(), **shards)
+
+
+def remember_commit(injector: Injector, state: SharedState, rank: int) -> None:
+    """Sharded: keep the last commits for stale_replica, and save this rank's state for reuse_rank."""
+    obj = state.sharded[model.SHARDED]
+    copy = (state.revision, state.tensors["w"].copy(), state.tensors["m"].copy(),
+            {i: a.copy() for i, a in obj.held.items()})
+    injector.committed.append(copy)
+    if any(i.kind == "reuse_rank" for i in injector.all):
+        save_sharded(os.path.join(injector.run_dir, "ranks", f"{rank}.npz"), *copy, writer=injector.peer_id)
 
 
 def save_after_commit(policy: str, run_dir: str, state: SharedState, peer_id: str, incarnation: int,
@@ -250,10 +402,16 @@ def main(run_dir: str) -> int:
     log = EventLog(os.path.join(run_dir, "logs", f"{peer_id}-{incarnation}.jsonl"), peer_id, incarnation)
     with open(os.path.join(run_dir, "pids", peer_id), "w") as f:
         f.write(str(os.getpid()))
-    state, origin = starting_state(policy, run_dir, peer_id)
-    log("start", policy=policy, revision=state.revision, digest=state.digest(), **origin)
+    sharded = bool(config.get("sharded"))
+    state, origin = starting_state(policy, run_dir, peer_id, sharded)
+    log("start", policy=policy, revision=state.revision, digest=state.digest(), **origin,
+        **({"shards": shard_digests(state)} if sharded else {}))
     injector = Injector(run_dir, config, peer_id, log)
     _count_frames(injector)
+    if sharded:
+        _count_shard_chunks(injector)
+        injector.committed.append((state.revision, state.tensors["w"].copy(), state.tensors["m"].copy(),
+                                   {i: a.copy() for i, a in state.sharded[model.SHARDED].held.items()}))
     peer = policies.join(policy, state, injector.at, log)
     injector.peer = peer
     attempts: dict[int, int] = {}
@@ -267,8 +425,11 @@ def main(run_dir: str) -> int:
                 run_step(step, state, injector, log, attempt)
             if step.committed:
                 save_after_commit(policy, run_dir, state, peer_id, incarnation, step.rank)
+                if sharded:
+                    remember_commit(injector, state, step.rank)
                 injector.at("after_commit", state.revision - 1)
-        log("final", revision=state.revision, digest=state.digest())
+        log("final", revision=state.revision, digest=state.digest(),
+            **({"shards": shard_digests(state)} if sharded else {}))
     except SystemExit:
         log("left", revision=state.revision, digest=state.digest())
     peer.close()

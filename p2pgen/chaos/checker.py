@@ -20,6 +20,12 @@ Names of the semantic failures (a run may have several; `failures` lists them by
   rollback record;
 - `divergent state`: live members end with different states, or with a state that is no serial
   history (also what remains when no other cause is found for an illegal application).
+- `mismatched shard version` (sharded runs): a member exposed a shard whose contents are not those of the
+  shard at its own revision (after an activation, after a step, or at the end), though the rest of its
+  state was serial: a shard of another revision (a stale replica used as a source, a half-copied shard) or
+  of another index (another rank's shard) became visible; the evidence says which revision's shard it is;
+- `misowned shard` (sharded runs): after an activation a member holds other shards than the certificate
+  gives it, or the certificate leaves a shard with fewer than min(r, world) owners among its members;
 - `minority progress` (added by `p2pgen chaos` from `runner.partition_findings`, not by `check`): a partitioned
   minority applied a step or elected a Raft leader while it was cut off.
 An illegal application whose state before was already not serial is a consequence, not a new cause.
@@ -34,11 +40,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from p2pgen.chaos.model import reference_digests
+from p2pgen.chaos.model import SHARD_R, SHARDED, reference_digests, reference_shard_digests
 
 DUPLICATED, CONFUSION, LOST, DIVERGENT = ("duplicated step", "incarnation confusion", "lost committed step",
                                           "divergent state")
 MINORITY = "minority progress"
+MISMATCHED_SHARD, MISOWNED = "mismatched shard version", "misowned shard"
 
 
 @dataclass
@@ -80,6 +87,9 @@ def check(events: list[dict[str, Any]], history: list[dict[str, Any]], steps: in
     _check_applications(events, ref, found)
     _check_membership(events, history, found)
     _check_resumption(events, ref, found)
+    if any("shards" in e for e in events):
+        _check_shards(events, ref, reference_shard_digests(len(ref) - 1), found)
+        _check_ownership(events, found)
     finals = _check_finals(events, ref, found, stalled)
     latencies, rollbacks = _recovery(events, ref)
     return Verdict(found.names, found.evidence, sum(e["event"] == "inject" for e in events), latencies, rollbacks,
@@ -143,6 +153,62 @@ def _check_resumption(events: list[dict[str, Any]], ref: list[str], found: _Find
             if e["revision"] < held:
                 found.add(LOST, f"{who[0]}#{who[1]} entered g{e['generation']} at revision {e['revision']} "
                                 f"after committing revision {held}")
+
+
+def _shard_revision(e: dict[str, Any], ref: list[str]) -> int | None:
+    """The revision whose shards `e` exposes, or None when the rest of its state is not serial there (then the
+    shards are a consequence of that, named `divergent state`)."""
+    if e["event"] == "apply":
+        return e["revision"] + 1 if _legal(e, ref) else None
+    r = e["revision"]
+    return r if r < len(ref) and e["digest"] == ref[r] else None
+
+
+def _check_shards(events: list[dict[str, Any]], ref: list[str], shard_ref: list[tuple[str, ...]],
+                  found: _Findings) -> None:
+    """Every shard a member exposes after an activation, a step or at its end is the shard of its revision."""
+    known = {d: (r, i) for r, row in enumerate(shard_ref) for i, d in enumerate(row)}
+    named: set[tuple[str, int, str]] = set()
+    for e in events:
+        if e["event"] not in ("activate", "apply", "final") or "shards" not in e:
+            continue
+        r = _shard_revision(e, ref)
+        if r is None:
+            continue
+        for i_text, digest in e["shards"].get(SHARDED, {}).items():
+            i = int(i_text)
+            if digest == shard_ref[r][i] or (e["peer"], e["incarnation"], i_text) in named:
+                continue
+            named.add((e["peer"], e["incarnation"], i_text))
+            where = {"activate": f"after activating g{e.get('generation')}",
+                     "apply": f"after applying step {e['revision']} in g{e.get('generation')}",
+                     "final": "at its end"}[e["event"]]
+            was = known.get(digest)
+            what = (f"it is shard {was[1]} of revision {was[0]}" if was else "it is no revision's shard")
+            found.add(MISMATCHED_SHARD, f"{e['peer']}#{e['incarnation']} exposes shard {SHARDED}[{i}] {where} at "
+                                        f"revision {r}: {what}")
+
+
+def _check_ownership(events: list[dict[str, Any]], found: _Findings) -> None:
+    """After each activation a member holds exactly the shards its certificate gives it, and every shard has
+    min(r, world) owners, all members of that certificate."""
+    seen: set[int] = set()
+    for e in _by_kind(events, "activate"):
+        if "assigned" not in e:
+            continue
+        held = sorted(int(i) for i in e["shards"].get(SHARDED, {}))
+        assigned = sorted(e["assigned"].get(SHARDED, []))
+        if held != assigned:
+            found.add(MISOWNED, f"{e['peer']}#{e['incarnation']} holds shards {held} after activating "
+                                f"g{e['generation']}, its certificate gives it {assigned}")
+        if e["generation"] in seen:
+            continue
+        seen.add(e["generation"])
+        labels = {f"{p}#{inc}" for p, inc in e["members"]}
+        for obj, index, owners in e["ownership"]:
+            if obj == SHARDED and (len(owners) < min(SHARD_R, len(labels)) or not set(owners) <= labels):
+                found.add(MISOWNED, f"g{e['generation']} gives {obj}[{index}] to {owners}: not min(r, world) "
+                                    f"owners among its members {sorted(labels)}")
 
 
 def _check_finals(events: list[dict[str, Any]], ref: list[str], found: _Findings, stalled: bool) -> int | None:

@@ -9,6 +9,10 @@ run (whatever its policy: the control plane is the same) has a Raft safety viola
 bugs), else 0: the other policies are expected to fail semantically.
 `--smoke` is the CI run (`schedule.smoke()`: 2 fixed short schedules, certified and comm-only); the full
 matrix is the documented command in README.
+`--sharded` runs the sharded variant (certified only: the other policies have no repartition): the
+mini-training also keeps a sharded object (r = 2), every other fault is one during repartition
+(`schedule.SHARD_KINDS`), and the checker also judges every shard exposed (`mismatched shard version`,
+`misowned shard`); with `--smoke`, `schedule.smoke_sharded()`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="schedule seed: the same seed replays the same faults")
     p.add_argument("--first", type=int, default=0, help="index of the first schedule (to split a matrix)")
     p.add_argument("--smoke", action="store_true", help="CI: 2 fixed short schedules, certified and comm-only")
+    p.add_argument("--sharded", action="store_true",
+                   help="the sharded variant: a sharded object (r=2) in the mini-training and faults during "
+                        "repartition (certified only)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as stalled")
     p.add_argument("--json", action="store_true", help="the summary and every run's verdict as JSON")
     p.add_argument("--keep", metavar="DIR", help="keep the run directories (logs) under DIR")
@@ -46,13 +53,21 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from p2pgen.chaos import checker, report, runner, schedule
     from p2pgen.raft import checker as raft_checker
 
-    policies = args.policy or (["certified", "comm-only"] if args.smoke else ["certified", "comm-only", "restart-all"])
-    schedules = schedule.smoke() if args.smoke else \
-        schedule.generate(args.seed, args.first + args.schedules, args.injections)[args.first:]
+    if args.sharded and set(args.policy or ["certified"]) != {"certified"}:
+        print("p2pgen chaos --sharded: only --policy certified has sharded state (comm-only and restart-all do "
+              "not repartition); drop the other --policy options", file=sys.stderr)
+        return 2
+    policies = args.policy or (["certified"] if args.sharded else ["certified", "comm-only"] if args.smoke else
+                               ["certified", "comm-only", "restart-all"])
+    if args.smoke:
+        schedules = schedule.smoke_sharded() if args.sharded else schedule.smoke()
+    else:
+        schedules = schedule.generate(args.seed, args.first + args.schedules, args.injections,
+                                      args.sharded)[args.first:]
     count, per = len(schedules), max(len(s.injections) for s in schedules)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="p2pgen-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
-    config = runner.RunConfig(timeout=args.timeout)
+    config = runner.RunConfig(timeout=args.timeout, sharded=args.sharded)
     verdicts: dict[str, list[checker.Verdict]] = {p: [] for p in policies}
     rafts: dict[str, list[raft_checker.CheckResult]] = {p: [] for p in policies}
     runs: list[dict[str, Any]] = []
@@ -84,10 +99,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             shutil.rmtree(root, ignore_errors=True)
     rows = [report.summarize(p, verdicts[p], rafts[p]) for p in policies]
     if args.json:
-        print(json.dumps({"seed": args.seed, "first": args.first, "schedules": count, "injections_per_schedule": per,
+        print(json.dumps({"seed": args.seed, "sharded": args.sharded, "first": args.first, "schedules": count,
+                          "injections_per_schedule": per,
                           "summary": rows, "runs": runs}, indent=1))
     else:
-        print(f"p2pgen chaos --seed {args.seed}: {count} schedule(s) x {len(policies)} policies, "
+        variant = " --sharded" if args.sharded else ""
+        print(f"p2pgen chaos{variant} --seed {args.seed}: {count} schedule(s) x {len(policies)} policies, "
               f"{per} injection(s) each\n")
         print(report.table(rows))
     certified = verdicts.get("certified", [])

@@ -62,7 +62,20 @@ class ChaosPeer(Peer):
         super()._activate(cert)
         self.record("activate", generation=cert["generation"], rank=self.rank, world=self.world,
                     revision=self.state.revision, digest=self.state.digest(),
-                    members=[[m["peer_id"], m["incarnation"]] for m in cert["members"]])
+                    members=[[m["peer_id"], m["incarnation"]] for m in cert["members"]], **self._shard_fields(cert))
+
+    def _shard_fields(self, cert: dict[str, Any]) -> dict[str, Any]:
+        """Sharded jobs: the digest of every shard this member exposes now, and the shards the certificate gave it."""
+        if not self.state.sharded:
+            return {}
+        me = f"{self.peer_id}#{self.incarnation}"
+        assigned: dict[str, list[int]] = {o: [] for o in self.state.sharded}
+        for entry in cert.get("ownership", []):
+            if me in entry["owners"]:
+                assigned.setdefault(entry["object_id"], []).append(entry["shard"])
+        shards = {o: {str(i): obj.digest(i) for i in obj.owned()} for o, obj in self.state.sharded.items()}
+        return {"shards": shards, "assigned": assigned,
+                "ownership": [[e["object_id"], e["shard"], e["owners"]] for e in cert.get("ownership", [])]}
 
 
 class CommOnlyPeer(ChaosPeer):

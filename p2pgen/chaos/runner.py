@@ -10,6 +10,9 @@ job runs, since the last agent leaves with it. Every agent runs with `P2PGEN_TRA
 (the input of `p2pgen.raft.checker`) and `P2PGEN_FAULTS=RUN_DIR/faults.json`: a partition an application asks
 for (RUN_DIR/requests/partition-*) is written there at once and healed when its `heal_s` is over (or when the
 run ends); `windows` records each one for `partition_findings`.
+An agent still up END_GRACE_S after a member finished at the fixed end is stopped (and noted): its application
+lost its membership while the others were finishing, and with every other agent gone no quorum is left to
+register with, so it could only wait until the timeout (a stall of the harness, not of the job).
 Invariant kept: every process it starts is stopped by pid (process group of each agent) before `run`
 returns, whatever happened.
 """
@@ -37,6 +40,7 @@ REPLACE_FAST_S = 0.2             # inside the detection timeout: the dead agent 
 POLL_S = 0.05
 HISTORY_EVERY_S = 0.5
 FINISH_MARGIN = 25
+END_GRACE_S = 20.0
 DETECT = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
           "--heartbeat-interval=0.1")
 AGENT_ARGS = ("--attach-grace=30", "--max-restarts=200")
@@ -48,6 +52,7 @@ class RunConfig:
     pause_short: float = 0.3       # below the detector's 1.0 s timeout
     pause_long: float = 2.0        # above it
     timeout: float = 120.0         # a run not finished by then is reported as stalled
+    sharded: bool = False          # the mini-training also keeps a sharded object (certified only)
 
 
 @dataclass
@@ -65,10 +70,10 @@ class RunResult:
 
 
 def run(schedule: Schedule, policy: str, run_dir: Path, config: RunConfig = RunConfig()) -> RunResult:
-    for sub in ("logs", "fired", "requests", "pids", "snapshots", "traces", "fast"):
+    for sub in ("logs", "fired", "requests", "pids", "snapshots", "traces", "fast", "stale", "reuse", "ranks"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({
-        "policy": policy, "steps": schedule.steps, "step_delay": config.step_delay,
+        "policy": policy, "steps": schedule.steps, "step_delay": config.step_delay, "sharded": config.sharded,
         "pause_short": config.pause_short, "pause_long": config.pause_long,
         "injections": schedule.to_json()["injections"]}))
     harness = _Harness(schedule, policy, run_dir)
@@ -118,6 +123,8 @@ class _Harness:
         self.windows: list[faults.Window] = []
         self.joined = 0
         self._history_at = 0.0
+        self.finished_at: float | None = None        # when a member was first seen to have finished
+        self.stopped: set[str] = set()               # stragglers stopped after the end (never replaced)
         members = [self.free.pop(0) for _ in range(schedule.members)]
         for i, addr in enumerate(members):
             self._start(f"p{i}", addr, [a for a in members if a != addr], ("--min-members", str(len(members))))
@@ -141,6 +148,7 @@ class _Harness:
             self._serve_partitions()
             self._replace_killed_agents()
             self._allow_finish_when_settled()
+            self._stop_stragglers()
             if not self.replacing and not any(a.alive() for a in self.cluster.agents.values()):
                 return True
             time.sleep(POLL_S)
@@ -171,6 +179,27 @@ class _Harness:
             tmp = self.run_dir / "finish.tmp"
             tmp.write_text(str(revision + FINISH_MARGIN))
             os.replace(tmp, finish)
+
+    def _stop_stragglers(self) -> None:
+        """END_GRACE_S after a member finished at the fixed end, stop the agents still up (see the module doc)."""
+        if not (self.run_dir / "finish").exists():
+            return
+        now = time.monotonic()
+        if self.finished_at is None:
+            if any('"final"' in p.read_text() for p in (self.run_dir / "logs").glob("*.jsonl")):
+                self.finished_at = now
+            return
+        if now - self.finished_at < END_GRACE_S:
+            return
+        for peer_id, agent in self.cluster.agents.items():
+            if agent.alive():
+                self.stopped.add(peer_id)
+                self.notes.append(f"stopped {peer_id}: still up {END_GRACE_S:.0f} s after a member finished")
+                try:
+                    os.killpg(agent.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                agent.proc.wait(10)
 
     def _live_addrs(self) -> list[str]:
         return [a.addr for a in self.cluster.agents.values() if a.alive()]
@@ -219,7 +248,7 @@ class _Harness:
     def _replace_killed_agents(self) -> None:
         now = time.monotonic()
         for peer_id, agent in list(self.cluster.agents.items()):
-            if agent.alive() or peer_id in self.replacing:
+            if agent.alive() or peer_id in self.replacing or peer_id in self.stopped:
                 continue
             if agent.proc.returncode == -signal.SIGKILL:
                 fast = self.run_dir / "fast" / peer_id
