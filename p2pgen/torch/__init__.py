@@ -248,7 +248,7 @@ def _agent_env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), 
         if "P2PGEN_AGENT" in os.environ:
             raise
         raise ValueError(
-            f"{e}. This process was not started by a p2pgen agent (P2PGEN_AGENT is not set) and has none of "
+            f"{e}. This process was not started by a p2pgen agent (P2PGEN_AGENT is not set) and lacks some of "
             "torch's rendezvous variables. For the elastic p2pgen backend, start the script under agents: "
             "`p2pgen join --local 2 -- python SCRIPT` (or `p2pgen join --job J --id ID --listen HOST:PORT "
             "-- python SCRIPT` on each host); for a fixed group without agents, pass init_method=, rank= and "
