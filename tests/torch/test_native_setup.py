@@ -108,3 +108,15 @@ def test_an_optimizer_without_state_yet_is_refused_with_what_to_do():
     other = torch.nn.Linear(3, 4)
     with pytest.raises(ValueError, match="not the model's"):
         pt.shared_tensors(model, torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+@pytest.mark.timeout(120)
+def test_torchs_own_ddp_on_the_p2pgen_group_is_told_to_use_p2pgens():
+    script = ("import torch, p2pgen.torch as pt\n"
+              "pt.init_process_group(lambda: None)\n"      # a following group before its first generation
+              "try:\n    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
+              "except RuntimeError as e:\n    print('ERROR', e)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert "run inside a step" in done.stdout and "use p2pgen.torch.DistributedDataParallel" in done.stdout, (
+        done.stdout, done.stderr)
