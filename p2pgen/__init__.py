@@ -11,12 +11,12 @@ from p2pgen.errors import (
     AgentLost, AuthenticationError, BarrierTimeout, Evicted, GenerationChanged, P2PGenError, PeerLost,
     ProtocolError,
 )
-from p2pgen.peer import Peer, Step, join
+from p2pgen.peer import Peer, Step, current_peer, join
 from p2pgen.core.ownership import Partition, plan_ownership
 from p2pgen.state import ShardedObject, SharedState
 
 __all__ = [
     "AgentLost", "AuthenticationError", "Backend", "BarrierTimeout", "Certificate", "Evicted", "Frontier",
     "GenerationChanged", "GenerationMachine", "Member", "P2PGenError", "Peer", "PeerLost", "ProtocolError", "Partition", "ReduceOp", "ShardedObject", "SharedState",
-    "Step", "TcpBackend", "join", "plan_ownership",
+    "Step", "TcpBackend", "current_peer", "join", "plan_ownership",
 ]

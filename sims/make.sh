@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Regenerate the tables (text + JSON) and figures of sims/README.md. About a minute on one core.
-# Pass --recovery-json PATH (from `p2pgen bench recovery --json`) to use measured reconfiguration costs.
+# Regenerate the tables (text + JSON) and figures of sims/README.md (a few minutes on one core).
+# Costs are the measured ones of sims/recovery-measured.json (`p2pgen bench recovery --json`); RECOVERY=PATH
+# takes another measurement, RECOVERY= (empty) the assumed figures of p2pgen/sim/costs.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-ARGS=(--runs 3 --duration 20000 --seed 0 "$@")
+RECOVERY=${RECOVERY-sims/recovery-measured.json}
+ARGS=(--runs 3 --duration 20000 --seed 0 ${RECOVERY:+--recovery-json "$RECOVERY"} "$@")
 run() { "$PY" -c 'import sys; from p2pgen.cli import main; sys.exit(main(sys.argv[1:]))' sim "$@"; }
 run detector "${ARGS[@]}" --plot sims/detector.png > sims/detector.txt
 run detector "${ARGS[@]}" --json > sims/detector.json

@@ -22,7 +22,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     churn = sub.add_parser("churn", help="goodput vs MTBF: the seed's table, then p2pgen's design changes")
     _common(churn)
     churn.add_argument("--timeout", type=float, default=None, metavar="S",
-                       help="p2pgen's fixed heartbeat timeout (default: the optimum of the detector sweep)")
+                       help="timeout of the row comparing p2pgen with a fixed heartbeat timeout (default: the "
+                            "optimum of the detector sweep); the p2pgen row runs the agent's default detector")
     churn.set_defaults(func=churn_command)
     detector = sub.add_parser("detector", help="heartbeat-timeout sweep (the U-curve); fixed vs phi-accrual")
     _common(detector)

@@ -12,9 +12,9 @@ from p2pgen.sim.costs import RecoveryCosts
 from p2pgen.sim.engine import Run, simulate
 from p2pgen.sim.model import Scenario
 from p2pgen.sim.tables import (
-    MTBFS, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_ASSUMPTIONS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS, TIMEOUTS,
-    P2PGEN_ROW, Summary, best, ladder, ladder_rows, mtbf_sweep, p2pgen_scenario, phi_sweep, seed_scenario, share_rows,
-    timeout_sweep,
+    FIXED_ROW, MTBFS, P2PGEN_ROW, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_ASSUMPTIONS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS,
+    TIMEOUTS, Summary, agent_default_detector, best, describe_detector, ladder, ladder_rows, mtbf_sweep,
+    p2pgen_scenario, phi_sweep, seed_scenario, share_rows, summarize, timeout_sweep,
 )
 
 SHARES = (0.0, 0.5, 0.8, 1.0)
@@ -35,6 +35,7 @@ class DetectorResult:
     seed_sweep: list[Summary]
     p2pgen_fixed: list[Summary]
     p2pgen_phi: list[Summary]
+    agent_default: Summary          # p2pgen at MTBF 12 with the detector `p2pgen join` runs by default
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ def run_detector(spec: RunSpec) -> DetectorResult:
         seed_sweep=timeout_sweep(seed_scenario(spec.duration), TIMEOUTS, spec.runs, spec.seed),
         p2pgen_fixed=timeout_sweep(base, P2PGEN_TIMEOUTS, spec.runs, spec.seed),
         p2pgen_phi=phi_sweep(base, PHI_FLOORS, spec.runs, spec.seed),
+        agent_default=summarize(base.with_(name="agent's default", detector=agent_default_detector()), spec.runs,
+                                spec.seed),
     )
 
 
@@ -73,7 +76,7 @@ def run_churn(spec: RunSpec, timeout: float | None = None) -> ChurnResult:
         timeout=timeout,
         seed_mtbf=mtbf_sweep(seed_scenario(spec.duration), MTBFS, spec.runs, spec.seed),
         ladder=ladder_rows(spec.costs, timeout, MTBFS, spec.runs, spec.duration, spec.seed),
-        shares=share_rows(spec.costs, timeout, SHARES, P2PGEN_MTBF, spec.runs, spec.duration, spec.seed),
+        shares=share_rows(spec.costs, SHARES, P2PGEN_MTBF, spec.runs, spec.duration, spec.seed),
     )
 
 
@@ -96,25 +99,29 @@ def detector_text(r: DetectorResult) -> str:
               f"## p2pgen at MTBF {P2PGEN_MTBF:g} s: fixed timeout vs phi-accrual (threshold 8, bound 3 s), "
               f"heartbeats 0.1 s", f"costs: {r.spec.costs.source}", "",
               "detector               detect lat  FP rate  goodput  (min over runs)"]
-    for s in r.p2pgen_fixed + r.p2pgen_phi:
+    for s in r.p2pgen_fixed + r.p2pgen_phi + [r.agent_default]:
         lines.append(f"{s.label:22s} {s.detect_latency:10.2f}  {s.fp_rate:7.3f}  {s.goodput:7.4f}  ({s.goodput_min:.4f})")
-    lines.append(f"best fixed: {best(r.p2pgen_fixed).label}; best phi: {best(r.p2pgen_phi).label}")
+    lines.append(f"best fixed: {best(r.p2pgen_fixed).label}; best phi: {best(r.p2pgen_phi).label}; agent's default "
+                 f"(what `p2pgen join` runs): {describe_detector(agent_default_detector())}")
     return "\n".join(lines)
 
 
 def churn_text(r: ChurnResult) -> str:
+    width = max(len(name) for name, _ in r.ladder)
     lines = _header(r.spec) + ["", "## Seed model: goodput vs MTBF (timeout 2.0 s)", f"assumptions: {SEED_ASSUMPTIONS}", "",
                                "MTBF  failures/100 s  goodput  (additive)  | seed: failures/100  goodput"]
     for s, m in zip(r.seed_mtbf, MTBFS):
         f100, gp = SEED_MTBF_ROWS[m]
         lines.append(f"{m:4.0f}  {s.failures_per_100s:14.1f}  {s.goodput:7.3f}  ({1 - s.additive_overhead:7.3f})  |"
                      f"  {f100:17.1f}  {gp:7.3f}")
-    lines += ["", f"## From the seed's model to p2pgen, one change at a time (goodput; p2pgen timeout {r.timeout:g} s, "
-                  f"the optimum of the detector sweep)", f"costs: {r.spec.costs.source}", "",
-              f"{'scenario':62s}" + "".join(f"  MTBF {m:<4.0f}" for m in MTBFS)]
+    lines += ["", "## From the seed's model to p2pgen, one change at a time (goodput, overlapping stalls merged; "
+                  f"p2pgen = the agent's default detector, {describe_detector(agent_default_detector())}; "
+                  f"{r.timeout:g} s is the optimum of the fixed-timeout sweep)", f"costs: {r.spec.costs.source}", "",
+              f"{'scenario':{width}s}" + "".join(f"  MTBF {m:<4.0f}" for m in MTBFS)]
     for name, rows in r.ladder:
-        lines.append(f"{name:62s}" + "".join(f"  {s.goodput:9.3f}" for s in rows))
-    lines += ["", f"## p2pgen at MTBF {P2PGEN_MTBF:g} s vs the share of deaths that leave the host (and agent) alive",
+        lines.append(f"{name:{width}s}" + "".join(f"  {s.goodput:9.3f}" for s in rows))
+    lines += ["", f"## p2pgen at MTBF {P2PGEN_MTBF:g} s (agent's default detector) vs the share of deaths that leave "
+                  "the host (and agent) alive",
               "", "share  goodput  (min)   hang   false-pos  reconfig  rollback"]
     for share, s in r.shares:
         lines.append(f"{share:5.2f}  {s.goodput:7.3f}  ({s.goodput_min:.3f})  {s.hang_cost:5.3f}  {s.fp_cost:9.3f}  "
@@ -134,11 +141,13 @@ def detector_json(r: DetectorResult) -> dict[str, object]:
             "seed_timeout_sweep": [dict(s.as_dict(), timeout=t, seed_reference=SEED_TIMEOUT_ROWS.get(t))
                                    for t, s in zip(TIMEOUTS, r.seed_sweep)],
             "p2pgen_fixed": [dict(s.as_dict(), timeout=t) for t, s in zip(P2PGEN_TIMEOUTS, r.p2pgen_fixed)],
-            "p2pgen_phi": [dict(s.as_dict(), floor=f) for f, s in zip(PHI_FLOORS, r.p2pgen_phi)]}
+            "p2pgen_phi": [dict(s.as_dict(), floor=f) for f, s in zip(PHI_FLOORS, r.p2pgen_phi)],
+            "agent_default": dict(r.agent_default.as_dict(), detector=agent_default_detector().__dict__)}
 
 
 def churn_json(r: ChurnResult) -> dict[str, object]:
-    return {"spec": _spec_json(r.spec), "p2pgen_timeout": r.timeout,
+    return {"spec": _spec_json(r.spec), "p2pgen_detector": agent_default_detector().__dict__,
+            "fixed_timeout_row": r.timeout, "p2pgen_row": P2PGEN_ROW, "fixed_row": FIXED_ROW,
             "seed_mtbf": [dict(s.as_dict(), mtbf=m, seed_reference=SEED_MTBF_ROWS[m])
                           for m, s in zip(MTBFS, r.seed_mtbf)],
             "ladder": [{"scenario": name, "rows": [dict(s.as_dict(), mtbf=m) for m, s in zip(MTBFS, rows)]}

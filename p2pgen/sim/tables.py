@@ -7,12 +7,13 @@ figures (`SEED_*`), kept to be printed beside ours.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from p2pgen.detect import DetectorConfig
+from p2pgen.detect import DetectorConfig, config_from_args
 from p2pgen.sim.costs import RecoveryCosts
 from p2pgen.sim.engine import simulate
 from p2pgen.sim.model import Scenario, fixed_detector
@@ -124,24 +125,46 @@ def best(rows: list[Summary]) -> Summary:
     return max(rows, key=lambda r: r.goodput)
 
 
+def agent_default_detector() -> DetectorConfig:
+    """The detector `p2pgen join` runs when given no detector flag: its own parser's defaults, read through
+    the same `config_from_args` the agent calls (so the sims follow whatever the agent's defaults become)."""
+    from p2pgen.agent.cli import add_commands
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    return config_from_args(parser.parse_args(["join"]))
+
+
+def describe_detector(d: DetectorConfig) -> str:
+    if d.kind == "fixed":
+        return f"fixed timeout {d.timeout:g} s"
+    return f"phi {d.phi_threshold:g}, floor {d.floor:g} s, timeout {d.timeout:g} s"
+
+
 def ladder(costs: RecoveryCosts, timeout: float, duration: float) -> list[Scenario]:
-    """From the seed's model to p2pgen, one design change at a time, then restart-all for comparison.
-    Row P2PGEN_ROW is p2pgen as designed (fixed `timeout`, heartbeats 0.1 s, p50 costs)."""
+    """From the seed's model to p2pgen, one design change at a time, then alternatives for comparison.
+    Row P2PGEN_ROW is p2pgen as `p2pgen join` runs by default (the agent's default detector, p50 costs);
+    row FIXED_ROW the same with a fixed `timeout` (the detector sweep's optimum) instead."""
     seed = seed_scenario(duration)
     instant = seed.with_(name="+ agent sees the application die (80% of deaths)",
                          process_death_share=PROCESS_DEATH_SHARE, instant_process_detection=True)
     certified = p2pgen_scenario(costs, duration, "p50", seed.detector).with_(
         name="+ certified recovery at p2pgen's p50 cost")
-    tuned = fixed_detector(timeout, heartbeat_interval=0.1)
-    p2pgen = p2pgen_scenario(costs, duration, "p50", tuned).with_(
-        name=f"+ heartbeats 0.1 s, timeout {timeout:g} s = p2pgen")
+    default = agent_default_detector()
+    p2pgen = p2pgen_scenario(costs, duration, "p50", default).with_(
+        name=f"+ heartbeats {default.heartbeat_interval:g} s, agent's default detector "
+             f"({describe_detector(default)}) = p2pgen")
+    tuned = fixed_detector(timeout, heartbeat_interval=default.heartbeat_interval)
     return [seed, instant, certified, p2pgen,
-            p2pgen_scenario(costs, duration, "p99", tuned).with_(name="  p2pgen at p99 costs"),
+            p2pgen_scenario(costs, duration, "p99", default).with_(name="  p2pgen at p99 costs"),
+            p2pgen.with_(name=f"  p2pgen with a fixed {timeout:g} s timeout (the sweep's optimum) instead",
+                         detector=tuned),
             p2pgen.with_(name=f"  restart-all instead: {RESTART_ALL_COST:g} s restart, checkpoint every 10 s",
                          evict_cost=RESTART_ALL_COST, join_cost=RESTART_ALL_COST, rollback="checkpoint")]
 
 
 P2PGEN_ROW = 3
+FIXED_ROW = 5
 
 
 def ladder_rows(costs: RecoveryCosts, timeout: float, mtbfs: tuple[float, ...], runs: int, duration: float,
@@ -149,8 +172,9 @@ def ladder_rows(costs: RecoveryCosts, timeout: float, mtbfs: tuple[float, ...], 
     return [(s.name, mtbf_sweep(s, mtbfs, runs, seed)) for s in ladder(costs, timeout, duration)]
 
 
-def share_rows(costs: RecoveryCosts, timeout: float, shares: tuple[float, ...], mtbf: float, runs: int,
+def share_rows(costs: RecoveryCosts, shares: tuple[float, ...], mtbf: float, runs: int,
                duration: float, seed: int) -> list[tuple[float, Summary]]:
-    """p2pgen's goodput at `mtbf` as the share of deaths its agent sees at once varies."""
-    base = p2pgen_scenario(costs, duration, "p50", fixed_detector(timeout, heartbeat_interval=0.1))
+    """p2pgen's goodput at `mtbf` (agent's default detector) as the share of deaths its agent sees at once
+    varies."""
+    base = p2pgen_scenario(costs, duration, "p50", agent_default_detector())
     return [(share, summarize(base.with_(mtbf=mtbf, process_death_share=share), runs, seed)) for share in shares]

@@ -65,6 +65,16 @@ def free_control_ports(n: int) -> list[int]:
     return ports
 
 
+def free_local_base(n: int) -> int:
+    """A first control port for `p2pgen join --local n --base-port PORT`: n agents' consecutive blocks free."""
+    low, high = port_range()
+    for port in free_control_ports(8 * n):
+        if port + n * PORTS_PER_AGENT <= high and all(_free(port + i * PORTS_PER_AGENT) for i in range(n)):
+            return port
+    raise RuntimeError(f"no {n} consecutive free agent port blocks in {low}-{high}: set P2PGEN_TEST_PORTS to a "
+                       "wider or quieter range")
+
+
 @dataclass
 class AgentProc:
     peer_id: str

@@ -2,11 +2,12 @@
 
 `import p2pgen.torch` registers the backend for the cpu and cuda devices. Three ways in:
 
-- **Under an agent** (`p2pgen join ... -- python train.py`): join first, then use torch's idiom.
+- **Under an agent** (`p2pgen join ... -- python train.py`): torch's idiom, plus the step loop.
   ```python
-  peer = p2pgen.join(state=state)
-  dist.init_process_group("p2pgen")        # the agent's environment says everything; rank/size follow
+  dist.init_process_group("p2pgen")        # no argument: joins the job the agent started this process for
   model = p2pgen.torch.DistributedDataParallel(module)
+  optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+  peer = p2pgen.torch.peer(model, optimizer)   # a joiner pulls model and optimizer state from the others
   for step in peer.steps():
       with step, p2pgen.torch.unwrap_errors():
           loss = model(x_shard).pow(2).sum() / GLOBAL_BATCH   # per-sample terms over the *global* batch
@@ -14,8 +15,11 @@
           optimizer.step()
           step.commit()
   ```
-  (`p2pgen.torch.init_process_group(peer)` does the same for a given Peer, Backend or callable.) The default
-  group *follows* the generation: `dist.get_rank()`/`get_world_size()` and every `dist.*` call use the
+  When the script joined first (`peer = p2pgen.join(state=state)`), `init_process_group("p2pgen")` runs on
+  that Peer instead. `p2pgen.torch.init_process_group(peer)` does the same for a given Peer, Backend or
+  callable. Outside an agent, `init_process_group("p2pgen")` without a rendezvous raises ValueError saying
+  how to start the script.
+  The default group *follows* the generation: `dist.get_rank()`/`get_world_size()` and every `dist.*` call use the
   generation current when the call is issued. For code that caches the world (DeviceMesh, DTensor, FSDP2,
   functional collectives, torch.distributed.checkpoint), `p2pgen.torch.generation_group()` returns a group
   *bound* to the current generation, and `generation_mesh()` a DeviceMesh over it: rebuild them (and what
@@ -71,15 +75,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator
 
+import torch
 import torch.distributed as dist
 
-from p2pgen.peer import current_peer
+from p2pgen.peer import Peer, current_peer, join
 from p2pgen.torch import fixed
 from p2pgen.torch.ddp import DistributedDataParallel, allreduce_hook, default_group, unwrap_errors
 from p2pgen.torch.group import BACKEND, P2PGenProcessGroup, Work, bound_to, following, subgroup_of
 
 __all__ = ["BACKEND", "DistributedDataParallel", "P2PGenProcessGroup", "Work", "allreduce_hook", "default_group",
-           "generation_group", "generation_mesh", "init_process_group", "monitored_barrier", "unwrap_errors"]
+           "generation_group", "generation_mesh", "init_process_group", "monitored_barrier", "peer", "shared_tensors",
+           "unwrap_errors"]
 
 
 @dataclass(frozen=True)
@@ -109,11 +115,7 @@ def _create(options: Any, pg_options: Any) -> P2PGenProcessGroup:
         ranks = list(options.global_ranks_in_group) or list(range(size))
         return P2PGenProcessGroup(subgroup_of(parent._comm, ranks), rank, size, kind="subgroup")
     if os.environ.get("P2PGEN_AGENT"):
-        peer = current_peer()
-        if peer is None:
-            raise RuntimeError('dist.init_process_group("p2pgen") under an agent runs on this process\'s Peer: '
-                               "call p2pgen.join(state=...) first")
-        return P2PGenProcessGroup(following(peer), rank, size)
+        return P2PGenProcessGroup(following(current_peer() or join()), rank, size)
     comm, close = fixed.rendezvous(options.store, rank, size, options.timeout, options.group_id)
     return P2PGenProcessGroup(following(comm), rank, size, kind="fixed", on_shutdown=close)
 
@@ -131,6 +133,69 @@ def init_process_group(source: Any) -> P2PGenProcessGroup:
     rank, size = _initial_position(following(source)())
     dist.init_process_group(BACKEND, store=dist.HashStore(), rank=rank, world_size=size, pg_options=source)
     return default_group()
+
+
+def peer(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None) -> Peer:
+    """The Peer that the default p2pgen group runs on (the one `dist.init_process_group("p2pgen")` joined the
+    job with, or `p2pgen.join()`'s): loop over `peer.steps()`. `model` and `optimizer`, when given, are added
+    to its SharedState by reference (`shared_tensors`), so a joiner or a restarted process pulls them from
+    the others; call it before the first step.
+    """
+    default_group()
+    the_peer = current_peer()
+    if the_peer is None:
+        raise RuntimeError('p2pgen.torch.peer() needs a process started by a p2pgen agent and '
+                           'dist.init_process_group("p2pgen") (the fixed-membership backend has no Peer): run the '
+                           "script under `p2pgen join --local 2 -- python SCRIPT`")
+    if model is not None or optimizer is not None:
+        if the_peer.stats["generations"] or the_peer.backend is not None:
+            raise RuntimeError("p2pgen.torch.peer(model, optimizer) after the first step: the members' states "
+                               "would differ; share the model and optimizer before `for step in peer.steps()`")
+        the_peer.state.tensors.update(shared_tensors(model, optimizer))
+    return the_peer
+
+
+def shared_tensors(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None = None
+                   ) -> dict[str, torch.Tensor]:
+    """The tensors that make a training replica, by reference: `model.<name>` for each parameter and buffer,
+    `optimizer.<parameter name>.<key>` for each tensor of the optimizer's per-parameter state.
+
+    torch's SGD creates its momentum buffers in its first step; without dampening they are created here as
+    zeros (SGD's first update is then the same as a fresh one's), so every member holds them from the start. Any other
+    optimizer must already hold its state (run it once before sharing), else ValueError.
+    """
+    named = dict(model.named_parameters()) if model is not None else {}
+    out = {f"model.{name}": p.detach() for name, p in named.items()}
+    out.update({f"model.{name}": b for name, b in (model.named_buffers() if model is not None else ())})
+    if optimizer is None:
+        return out
+    names = {id(p): name for name, p in named.items()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError("the optimizer holds a parameter that is not the model's: pass the model whose "
+                                 "parameters the optimizer was built with")
+            out.update(_optimizer_tensors(optimizer, group, p, names[id(p)]))
+    return out
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer, group: dict[str, Any], p: torch.Tensor,
+                       name: str) -> dict[str, torch.Tensor]:
+    state = optimizer.state[p]
+    sgd = type(optimizer) is torch.optim.SGD and not group.get("dampening", 0)
+    if not state and sgd and group.get("momentum", 0):
+        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if not state and not sgd:
+        raise ValueError(f"{type(optimizer).__name__} holds no state for {name} yet: torch creates it in the "
+                         "first optimizer step; only SGD's (without dampening) is created here. Share after a first step taken the "
+                         "same way on every member, or share the model alone and rebuild the optimizer")
+    out = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{type(optimizer).__name__}'s state {key!r} of {name} is a "
+                             f"{type(value).__name__}, not a tensor: a SharedState holds tensors only")
+        out[f"optimizer.{name}.{key}"] = value
+    return out
 
 
 def _initial_position(comm: Any) -> tuple[int, int]:
@@ -170,13 +235,25 @@ def monitored_barrier(group: P2PGenProcessGroup | None = None, timeout: timedelt
 
 def _agent_env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
     """torch's env:// rendezvous, except in a process an agent started without torch's variables: there the
-    membership is the agent's, so the store is process-local and rank/size are the Peer's current ones."""
+    membership is the agent's, so the store is process-local and rank/size are the Peer's current ones.
+    Where neither an agent nor torch's variables are there, torch's error says what to do about both."""
     if os.environ.get("P2PGEN_AGENT") and "MASTER_ADDR" not in os.environ:
         peer = current_peer()
         step = peer.current_step if peer is not None else None
         yield (dist.HashStore(), step.rank, step.world) if step is not None else (dist.HashStore(), 0, 1)
         raise RuntimeError("p2pgen's agent rendezvous yields once")
-    yield from _torch_env_rendezvous(url, timeout=timeout, **kwargs)
+    try:
+        yield from _torch_env_rendezvous(url, timeout=timeout, **kwargs)
+    except ValueError as e:
+        if "P2PGEN_AGENT" in os.environ:
+            raise
+        raise ValueError(
+            f"{e}. This process was not started by a p2pgen agent (P2PGEN_AGENT is not set) and lacks some of "
+            "torch's rendezvous variables. For the elastic p2pgen backend, start the script under agents: "
+            "`p2pgen join --local 2 -- python SCRIPT` (or `p2pgen join --job J --id ID --listen HOST:PORT "
+            "-- python SCRIPT` on each host); for a fixed group without agents, pass init_method=, rank= and "
+            "world_size= to dist.init_process_group (or set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, "
+            "as torchrun does)") from None
 
 
 _handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers

@@ -350,7 +350,9 @@ class P2PGenProcessGroup(dist.ProcessGroup):
         comm = self._comm()
         if comm is None:
             raise RuntimeError("torch.distributed collectives on p2pgen run inside a step: "
-                               "`for step in peer.steps(): with step: ...`")
+                               "`for step in peer.steps(): with step: ...` (wrapping a model in DDP? use "
+                               "p2pgen.torch.DistributedDataParallel: torch's own checks and broadcasts the "
+                               "parameters when it is built, outside any step)")
         return comm
 
     def _submit(self, run: ops.Run, kind: str = "") -> Work:

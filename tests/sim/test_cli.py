@@ -65,3 +65,34 @@ def test_costs_default_to_the_stated_assumption():
     assert costs.quantile("p50") == (0.3, 0.3) and costs.source.startswith("assumed")
     with pytest.raises(ValueError, match="p50"):
         costs.quantile("p90")
+
+
+def join_defaults():
+    """The detector an agent started by `p2pgen join` with no detector flag runs."""
+    from p2pgen.agent.cli import add_commands
+    from p2pgen.detect import config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    return config_from_args(parser.parse_args(["join"]))
+
+
+def test_the_p2pgen_row_runs_the_detector_p2pgen_join_runs_by_default(capsys):
+    from p2pgen.sim.costs import assumed_costs
+    from p2pgen.sim.tables import FIXED_ROW, P2PGEN_ROW, ladder
+
+    joined = join_defaults()
+    rows = ladder(assumed_costs(), 2.0, 100.0)
+    assert rows[P2PGEN_ROW].detector == joined and rows[P2PGEN_ROW].name.endswith("= p2pgen")
+    assert rows[FIXED_ROW].detector.kind == "fixed" and rows[FIXED_ROW].detector.timeout == 2.0
+    assert run(["sim", "churn", *FAST, "--timeout", "2.0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["p2pgen_detector"] == joined.__dict__
+    assert data["ladder"][data["p2pgen_row"]]["scenario"].endswith("= p2pgen")
+
+
+def test_the_detector_sweep_reports_the_agents_default(capsys):
+    assert run(["sim", "detector", *FAST, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    default = data["agent_default"]
+    assert default["detector"] == join_defaults().__dict__ and 0 < default["goodput"] <= 1
