@@ -29,7 +29,7 @@ from p2pgen.raft import checker
 from p2pgen.testing.agents import active, active_members
 from tests.integration.test_state_survives import committed
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 APP = [sys.executable, str(Path(__file__).parents[2] / "examples" / "train_spot.py")]
 STEPS = 1500

@@ -103,11 +103,13 @@ def run_partition(cluster, tmp_path, monkeypatch, mode: str) -> dict[str, float]
     return figures
 
 
+@pytest.mark.slow
 def test_a_symmetric_partition_2_3_leaves_the_majority_training_and_the_minority_rejoins(cluster, tmp_path,
                                                                                         monkeypatch):
     run_partition(cluster, tmp_path, monkeypatch, "both")
 
 
+@pytest.mark.slow
 def test_a_minority_that_can_hear_but_not_speak_activates_nothing_and_rejoins(cluster, tmp_path, monkeypatch):
     run_partition(cluster, tmp_path, monkeypatch, "mute")
 

@@ -105,6 +105,7 @@ def test_shards_move_from_replicas_before_activation_and_training_stays_exact(cl
     assert all(c["regressed_from"] is None for c in history)
 
 
+@pytest.mark.slow
 def test_both_owners_hosts_lost_falls_back_to_a_checkpoint_holding_every_shard(cluster, run_env, tmp_path,
                                                                                monkeypatch):
     """Every owner of a shard loses its host (no local copy survives): the revision cannot be rebuilt whole,

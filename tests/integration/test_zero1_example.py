@@ -21,7 +21,7 @@ import pytest
 from p2pgen.testing.agents import active, free_control_ports
 from tests.integration.test_state_survives import committed, wait_certificate
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 ROOT = Path(__file__).parents[2]
 STEPS = 240

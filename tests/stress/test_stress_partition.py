@@ -10,7 +10,7 @@ import pytest
 
 from p2pgen.cli import main
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def test_partitions_of_a_minority_are_survived_and_the_minority_makes_no_progress_alone(capsys, tmp_path):

@@ -89,6 +89,7 @@ def test_fsdp2_survives_a_kill_and_a_join_and_equals_the_single_process_referenc
     assert gap > 1e6 * TOLERANCE, f"one step changes the parameters by only {gap}: the check is too loose"
 
 
+@pytest.mark.slow
 def test_a_job_restored_from_a_dcp_checkpoint_of_another_ends_where_the_reference_does(cluster, tmp_path, monkeypatch):
     """Job 1 (three members) saves FSDP2's sharded state with DCP at revision 3 and trains on to 6; job 2 (two
     members, new agents) starts from that checkpoint at revision 3 and trains to 6: both end at the reference."""
