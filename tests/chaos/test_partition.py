@@ -28,6 +28,7 @@ def test_generated_schedules_inject_every_partition_kind_healed_after_1_to_10_s(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_partitions_on_either_side_and_one_way_are_survived_and_the_minority_makes_no_progress(tmp_path):
     schedule = Schedule(0, 0, 4, 160, (Injection("partition", "before_allreduce", "p1", 4, heal_s=2.0),
                                        Injection("partition_one_way", "after_commit", "p2", 60, heal_s=2.0),

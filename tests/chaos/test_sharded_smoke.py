@@ -15,7 +15,7 @@ from p2pgen.chaos.model import SHARDED, reference_shard_digests
 from p2pgen.chaos.runner import read_events
 from p2pgen.cli import main
 
-pytestmark = pytest.mark.timeout(200)
+pytestmark = [pytest.mark.timeout(200), pytest.mark.slow]
 
 
 def test_sharded_smoke_certified_passes_and_a_doctored_shard_is_named(capsys, tmp_path):
