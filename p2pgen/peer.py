@@ -590,8 +590,8 @@ class Peer:
         failures = 0
         while not self._closed.is_set():
             try:
-                view = client._call("wait", io_timeout=WATCH_POLL_S + 5,
-                                    after_version=self._view["raft"]["index"], timeout=WATCH_POLL_S)
+                view = client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self._view["raft"]["index"],
+                                    leader=self._view["raft"].get("leader"), timeout=WATCH_POLL_S)
                 failures = 0
             except RpcError as e:            # it answered without a view (its Raft node restarting): wait for it
                 log.info("agent at %s has no view now: %s", agent_addr, e)
@@ -612,6 +612,7 @@ class Peer:
                 self._view = view
                 self._view_lock.notify_all()
             self._abort_if_membership_shrinks(view["state"])
+            self._abort_if_cut_off(view["raft"])
         client.close()
 
     def _abort_if_membership_shrinks(self, state: dict[str, Any]) -> None:
@@ -623,6 +624,18 @@ class Peer:
         if gone:
             backend.abort(f"{', '.join(f'{m.peer_id}#{m.incarnation}' for m in gone)} left generation "
                           f"{backend.generation}")
+
+    def _abort_if_cut_off(self, raft: dict[str, Any]) -> None:
+        """Fence: a member whose agent hears no Raft leader (its node heard none for longer than an election,
+        or led without a quorum) may be cut off from the job, whose majority will soon evict it and go on
+        without it. It stops committing at once (its generation is retired; a reform or an eviction follows
+        once the agent hears the job again): a member alone in its generation, cut off, would otherwise keep
+        committing steps the job never sees."""
+        backend = self.backend
+        if backend is None or raft.get("leader") is not None or backend.failed is not None:
+            return
+        backend.abort(f"agent of {self.peer_id}#{self.incarnation} hears no Raft leader: this member may be cut "
+                      "off from the job and stops committing until it hears the job again")
 
     def _authorize(self, peer_id: str, incarnation: int, generation: int) -> bool:
         """A source serves only members of the pending generation it is serving."""

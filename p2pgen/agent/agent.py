@@ -662,10 +662,16 @@ class Agent:
         return {"ok": outcome.ok, "reason": outcome.reason}
 
     def _rpc_wait(self, params: dict) -> dict:
+        """The view once an entry after `after_version` is applied, or (given `leader`, the leader the caller
+        saw last) once this node's leader changes (lost or another), or after `timeout` seconds."""
         after = int(params.get("after_version", -1))
         timeout = min(float(params.get("timeout", 5.0)), 30.0)
         self._require_view()
-        self.node.wait_view(lambda v: v.version > after, timeout)
+        if "leader" in params:
+            seen = params["leader"]
+            self.node.wait_view(lambda v: v.version > after or v.leader != seen, timeout)
+        else:
+            self.node.wait_view(lambda v: v.version > after, timeout)
         return self._rpc_show(params)
 
     def _rpc_attach(self, params: dict) -> dict:

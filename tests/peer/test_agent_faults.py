@@ -33,7 +33,8 @@ JOB, SECRET, PEER = "faults", b"agent-faults-test-secret-0123456789", "p0"
 class FakeAgent:
     """One peer's agent without Raft. Faults: `refuse` (the next n submits answer RaftUnavailable, as an
     agent whose Raft node stopped does), `drop` (the next n submits lose the connection), `stuck` (submits
-    are acknowledged and never applied: no quorum to commit them), `blind_until` (`wait` answers an
+    are acknowledged and never applied: no quorum to commit them), `leaderless` (its node hears no Raft
+    leader: the views it serves say so), `blind_until` (`wait` answers an
     error, as an agent between two Raft nodes does), `vanish()` (the agent dies)."""
 
     def __init__(self, port: int, agent_voted: bool = False) -> None:
@@ -45,6 +46,7 @@ class FakeAgent:
         self.refuse = self.drop = 0
         self.stuck = False
         self.blind_until = 0.0
+        self.leaderless = False
         self.agent_voted = agent_voted
         self.submitted: list[str] = []
         self.server = _DroppingServer("127.0.0.1", port, JOB, SECRET, {
@@ -62,7 +64,8 @@ class FakeAgent:
     def view(self) -> dict[str, Any]:
         with self.changed:
             return {"state": state_json(self.machine),
-                    "raft": {"term": 1, "index": self.index, "leader": "fake", "nodes": ["fake"], "self": "fake"},
+                    "raft": {"term": 1, "index": self.index, "leader": None if self.leaderless else "fake",
+                             "nodes": ["fake"], "self": "fake"},
                     "agent": {"peer_id": PEER, "addr": self.addr, "incarnation": 1, "app_pid": None}}
 
     def register(self, incarnation: int = 1) -> None:
@@ -208,6 +211,32 @@ def test_an_agent_lost_mid_training_discards_the_step_and_raises_agent_lost(agen
         with pytest.raises(AgentLost):
             train(peer, 5, vanish_at_2)
         assert peer.state.revision == 2 and peer.stats["steps_discarded"] == 1
+    finally:
+        peer.close()
+
+
+def test_a_member_whose_agent_hears_no_leader_stops_committing_until_it_hears_the_job_again(agent):
+    """The fence: the only member of its generation, cut off from the job with its agent (no leader, nothing
+    commits), must not keep committing steps the job's majority will never see."""
+    agent.register()
+    peer = peer_for(agent)
+    at_cut: list[int] = []
+    try:
+        def cut_at_3(step: Any) -> None:
+            if step.revision == 3 and not at_cut:
+                agent.stuck = agent.leaderless = True
+                at_cut.append(step.generation)
+                time.sleep(1.0)                         # the watcher sees the leaderless view and fences
+        def heal_later() -> None:
+            time.sleep(2.5)
+            assert peer.state.revision == 3, "a step committed while the agent heard no leader"
+            agent.stuck = agent.leaderless = False
+        healer = threading.Thread(target=heal_later)
+        healer.start()
+        train(peer, 6, cut_at_3)
+        healer.join()
+        assert peer.state.revision == 6 and peer.stats["steps_discarded"] >= 1
+        assert peer.generation > at_cut[0]              # training resumed in a new generation (a reform)
     finally:
         peer.close()
 
