@@ -175,7 +175,10 @@ class RaftMembership:
         return [self.formation_id if a == self.addr else forming[a].node for a in initial]
 
     def _ask_hello(self, addrs: list[str]) -> list[Hello]:
-        hellos = []
+        """Hellos of the agents at `addrs` that answer. A refusal of our secret (or an address serving another
+        job) is fatal only when no agent answered at all: one address taken over by another job's agent must
+        not stop an agent that the others accept."""
+        hellos, refused = [], None
         for peer in addrs:
             if peer == self.addr:
                 continue
@@ -183,9 +186,12 @@ class RaftMembership:
                 with RpcClient(peer, self.secret, timeout=1.0, expect_job=self.job) as client:
                     hellos.append(Hello.parse(peer, client.call("hello")))
             except AuthenticationError as e:
-                raise JoinError(f"{e}. Start this agent with the job's --secret-file.") from e
+                refused = e
+                log.warning("hello to %s refused: %s", peer, e)
             except (OSError, P2PGenError, KeyError, TypeError) as e:
                 log.debug("hello to %s failed: %s", peer, e)
+        if refused is not None and not hellos:
+            raise JoinError(f"{refused}. Start this agent with the job's --secret-file.") from refused
         return hellos
 
     def _launch(self, node_id: str | None, voters: list[str], why: str) -> bool:

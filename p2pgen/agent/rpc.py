@@ -235,8 +235,9 @@ class RpcClient:
         send_frame(self._sock, {"nonce": nonce_c, "proof": prove(key, b"client", nonce_s, nonce_c)})
         try:
             answer = recv_frame(self._sock)
-        except ConnectionError:
-            raise AuthenticationError(f"{self.addr} closed the connection during authentication") from None
+        except ConnectionError as e:          # no refusal came: the agent died or gave up on a slow handshake
+            raise ConnectionError(f"{self.addr} closed the connection during the handshake without refusing "
+                                  "it (the agent stopped, or it was too slow to answer); try again") from e
         if isinstance(answer, dict) and "error" in answer:
             raise AuthenticationError(f"{self.addr}: {answer['error']}")
         if not verify(key, _field(answer, "proof", bytes), b"server", nonce_c, nonce_s):
