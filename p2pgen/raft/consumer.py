@@ -33,6 +33,7 @@ class JobState(SyncObjConsumer):
         self.machine = GenerationMachine(job)
         self.results: OrderedDict[str, Outcome] = OrderedDict()
         self.log_hash = bytes(16)
+        self.last_was_duplicate = False    # the entry just applied repeated a request already applied
 
     def fold_entry(self, index: int, term: int, command: bytes) -> str:
         """Fold one applied log entry into the running hash; returns the new hash (hex). Called by the node for
@@ -43,7 +44,8 @@ class JobState(SyncObjConsumer):
     @replicated
     def submit(self, request_id: str, command: Command) -> Outcome:
         cached = self.results.get(request_id)
-        if cached is not None:
+        self.last_was_duplicate = cached is not None
+        if cached is not None:               # a resent request appended twice: answered, not applied again
             return cached
         try:
             outcome = self.machine.apply(command, self._log_position())
