@@ -508,9 +508,10 @@ class Agent:
         members = self.node.view().machine.members
         for (addr, instance), why in list(self._lost.items()):
             back = heard.get(addr)
+            heard_again = back is not None and (not instance or back.instance == instance)
             doomed = [m for m in members if m.addr("agent") == addr
                       and (not instance or m.addr("agent_instance") in (None, instance))]
-            if not doomed or (back is not None and back.instance == (instance or back.instance)):
+            if not doomed or heard_again:
                 del self._lost[(addr, instance)]
                 continue
             for member in doomed:
@@ -667,11 +668,8 @@ class Agent:
         after = int(params.get("after_version", -1))
         timeout = min(float(params.get("timeout", 5.0)), 30.0)
         self._require_view()
-        if "leader" in params:
-            seen = params["leader"]
-            self.node.wait_view(lambda v: v.version > after or v.leader != seen, timeout)
-        else:
-            self.node.wait_view(lambda v: v.version > after, timeout)
+        watch_leader, seen = "leader" in params, params.get("leader")
+        self.node.wait_view(lambda v: v.version > after or (watch_leader and v.leader != seen), timeout)
         return self._rpc_show(params)
 
     def _rpc_attach(self, params: dict) -> dict:

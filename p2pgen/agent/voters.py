@@ -67,18 +67,18 @@ class VoterManager:
             except Exception:
                 log.exception("voter manager failed; retrying")
 
-    def _tick(self, now: float) -> bool:
-        """One look at the voters; True while this agent's node leads."""
+    def _tick(self, now: float) -> None:
+        """One look at the voters: keep their first-seen times; if this agent's node leads, make one change."""
         node = self.membership.node
         view = node.view() if node is not None else None
         if view is None:
-            return False
+            return
         for voter in view.nodes:
             self._first_seen.setdefault(voter, now)
         for gone in set(self._first_seen) - set(view.nodes):
             del self._first_seen[gone]
         if not view.is_leader or self._leaving():
-            return False
+            return
         decision = plan_voters(self._voters(view.nodes), view.node_id, self._live(view.node_id),
                                frozenset(v for v, t in self._first_seen.items() if now - t >= self.grace_s),
                                frozenset(a for a, until in self._held_back.items() if until > now))
@@ -89,7 +89,6 @@ class VoterManager:
             log.info("removed Raft voter %s", decision.target)
         elif decision.action == "promote":
             self._promote(decision.target, list(view.nodes), decision.reason, now)
-        return True
 
     def _voters(self, nodes: tuple[str, ...]) -> tuple[Voter, ...]:
         return tuple(Voter(n, control_addr_of(n)) for n in nodes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -35,6 +36,18 @@ def runner(addr: str, targets, on_suspect) -> HeartbeatRunner:
                            announce=lambda: Announcement("i-" + addr, "", False))
 
 
+@contextmanager
+def running(*runners: HeartbeatRunner):
+    """Start the runners; stop every one of them, whatever the test does."""
+    for r in runners:
+        r.start()
+    try:
+        yield
+    finally:
+        for r in runners:
+            r.stop()
+
+
 @pytest.mark.timeout(30)
 def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
     a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
@@ -50,9 +63,7 @@ def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
 
     a = runner(a_addr, targets_of_a, lambda peer, instance, why: suspected.append(peer))
     b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
-    a.start()
-    b.start()
-    try:
+    with running(a, b):
         wait_for(lambda: b_addr in a.heard())
         b.stop()
         wait_for(lambda: b_addr in a.suspected())
@@ -62,9 +73,6 @@ def test_a_peer_suspected_before_our_own_stall_stays_suspected_after_it():
         time.sleep(3 * CONFIG.heartbeat_interval)    # a few rounds after the stall, well within the timeout
         assert b_addr in a.suspected() and b_addr not in a.heard()
         assert suspected == [b_addr]                 # reported once, not forgiven and reported again
-    finally:
-        a.stop()
-        b.stop()
 
 
 @pytest.mark.timeout(60)
@@ -83,18 +91,13 @@ def test_an_agent_that_keeps_stalling_still_convicts_a_dead_peer():
 
     a = runner(a_addr, targets_of_a, lambda peer, instance, why: suspected.append(peer))
     b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
-    a.start()
-    b.start()
-    try:
+    with running(a, b):
         wait_for(lambda: b_addr in a.heard())
         stalling.set()
         time.sleep(2.0)                                  # stalls while B is alive: B is never blamed for them
         assert suspected == []
         b.stop()
         wait_for(lambda: suspected == [b_addr], timeout=40)
-    finally:
-        a.stop()
-        b.stop()
 
 
 @pytest.mark.timeout(30)
@@ -108,18 +111,13 @@ def test_a_target_never_heard_is_suspected_only_by_an_agent_that_hears_others():
     a = runner(a_addr, lambda: {b_addr, c_addr}, lambda peer, instance, why: by_a.append((peer, instance, why)))
     b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
     d = runner(d_addr, lambda: {c_addr}, lambda peer, instance, why: by_d.append(peer))
-    for r in (a, b, d):
-        r.start()
-    try:
+    with running(a, b, d):
         wait_for(lambda: c_addr in a.suspected())
         [(peer, instance, why)] = by_a
         assert (peer, instance) == (c_addr, "") and why.startswith("never heard from")
         assert b_addr in a.heard() and b_addr not in a.suspected()
         time.sleep(3 * CONFIG.timeout)
         assert by_d == [] and d.suspected() == set()
-    finally:
-        for r in (a, b, d):
-            r.stop()
 
 
 @pytest.mark.timeout(30)
@@ -138,18 +136,15 @@ def test_a_peer_that_speaks_but_cannot_hear_us_is_reported_though_we_hear_it(tmp
     a = runner(a_addr, lambda: {m_addr}, lambda peer, instance, why: by_a.append((peer, why)))
     m = runner(m_addr, lambda: {a_addr}, lambda *args: None)
     try:
-        a.start()
-        m.start()
-        wait_for(lambda: m_addr in a.heard() and a_addr in m.heard())
-        faults.write_partition(rules, [[a_addr], [m_addr]], one_way=True)
-        wait_for(lambda: by_a)
-        [(peer, why)] = by_a
-        assert peer == m_addr and "cannot listen" in why
-        assert a_addr in m.suspected() and m_addr not in a.heard() and m_addr not in a.suspected()
-        faults.heal(rules)
-        wait_for(lambda: m_addr in a.heard())
-        assert a_addr not in m.suspected() and len(by_a) == 1
+        with running(a, m):
+            wait_for(lambda: m_addr in a.heard() and a_addr in m.heard())
+            faults.write_partition(rules, [[a_addr], [m_addr]], one_way=True)
+            wait_for(lambda: by_a)
+            [(peer, why)] = by_a
+            assert peer == m_addr and "cannot listen" in why
+            assert a_addr in m.suspected() and m_addr not in a.heard() and m_addr not in a.suspected()
+            faults.heal(rules)
+            wait_for(lambda: m_addr in a.heard())
+            assert a_addr not in m.suspected() and len(by_a) == 1
     finally:
         faults.watch(None)
-        a.stop()
-        m.stop()

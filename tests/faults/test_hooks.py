@@ -7,6 +7,7 @@ data addresses sit in that agent's port block, as in a real agent.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -39,13 +40,23 @@ def rules(tmp_path):
         faults.set_local_agent(None)
 
 
-def test_raft_minority_node_cut_both_ways_cannot_commit_and_catches_up_after_the_heal(rules):
+@contextmanager
+def raft_trio():
+    """Three Raft voters, one per agent address (the node's port is the agent's + 1), started; stopped after."""
     agents = [f"127.0.0.1:{p}" for p in free_control_ports(3)]
     ids = [new_node_id(f"127.0.0.1:{int(a.split(':')[1]) + 1}") for a in agents]
     nodes = [RaftNode("j", i, ids, SECRET) for i in ids]
     try:
         for n in nodes:
             n.start()
+        yield agents, ids, nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_raft_minority_node_cut_both_ways_cannot_commit_and_catches_up_after_the_heal(rules):
+    with raft_trio() as (agents, ids, nodes):
         assert nodes[0].wait_view(lambda v: v.leader is not None and v.ready, 10) is not None
         assert nodes[0].submit(Register("before", 1, at=1.0), timeout=5).ok
         faults.write_partition(rules, [[agents[0]], agents[1:]])
@@ -58,18 +69,10 @@ def test_raft_minority_node_cut_both_ways_cannot_commit_and_catches_up_after_the
         faults.heal(rules)
         assert nodes[0].wait_view(lambda v: v.machine.member("during") is not None, 10) is not None
         assert nodes[2].view().machine.member("minority") is None
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def test_raft_one_way_cut_silences_the_node_but_the_others_go_on(rules):
-    agents = [f"127.0.0.1:{p}" for p in free_control_ports(3)]
-    ids = [new_node_id(f"127.0.0.1:{int(a.split(':')[1]) + 1}") for a in agents]
-    nodes = [RaftNode("j", i, ids, SECRET) for i in ids]
-    try:
-        for n in nodes:
-            n.start()
+    with raft_trio() as (agents, ids, nodes):
         assert nodes[0].wait_view(lambda v: v.leader is not None and v.ready, 10) is not None
         faults.write_partition(rules, [[agents[0]], agents[1:]], one_way=True)
         assert nodes[1].wait_view(lambda v: v.leader in ids[1:], 10) is not None
@@ -79,9 +82,6 @@ def test_raft_one_way_cut_silences_the_node_but_the_others_go_on(rules):
         faults.heal(rules)
         assert nodes[0].submit(Register("healed", 1, at=3.0), timeout=10).ok
         assert nodes[1].view().machine.member("silenced") is None
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def _runner(addr: str, peers: list[str], suspected: list[str]) -> HeartbeatRunner:
