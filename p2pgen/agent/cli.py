@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -142,8 +143,12 @@ def cmd_join(args: argparse.Namespace) -> int:
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
                               min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
                               attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state))
+    # The handler runs on the main thread, which is the agent's driver, between two bytecodes: possibly while
+    # that thread holds the lock of the event queue it waits on. Queueing "leave" from the handler itself can
+    # then deadlock (the agent never leaves); a short-lived thread queues it once the driver lets go.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: agent.request_leave())
+        signal.signal(sig, lambda *_: threading.Thread(target=agent.request_leave, name="leave-request",
+                                                       daemon=True).start())
     page = None
     if args.http is not None:
         from p2pgen.agent.statuspage import StatusPage
