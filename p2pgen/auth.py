@@ -68,11 +68,8 @@ def new_nonce() -> bytes:
 
 def prove(key: bytes, *parts: bytes) -> bytes:
     """HMAC-SHA256 over the length-prefixed parts (so part boundaries cannot be shifted)."""
-    mac = hmac.new(key, digestmod=hashlib.sha256)
-    for part in parts:
-        mac.update(len(part).to_bytes(4, "big"))
-        mac.update(part)
-    return mac.digest()
+    framed = b"".join(len(part).to_bytes(4, "big") + part for part in parts)
+    return hmac.digest(key, framed, "sha256")        # one call into OpenSSL (heartbeats prove 10 packets a second)
 
 
 def verify(key: bytes, proof: bytes, *parts: bytes) -> bool:

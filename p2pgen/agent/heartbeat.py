@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +50,26 @@ MAX_PACKET = 4096
 RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
+SO_TIMESTAMPNS = 35               # Linux: stamp each datagram with its arrival time (struct timespec)
+ANCILLARY_BYTES = socket.CMSG_SPACE(16)
+
+
+def _ask_kernel_stamps(sock: socket.socket) -> None:
+    """Ask the kernel to stamp every datagram with its arrival time, so that a peer's heartbeat is dated when it
+    arrived, not when this thread next woke; where the option is missing, arrivals are dated when read."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError as e:
+        log.debug("no kernel arrival stamps on heartbeats (%s): arrivals are dated when read", e)
+
+
+def _kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    """The wall-clock arrival time the kernel attached to a datagram, if any."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            seconds, nanoseconds = struct.unpack("qq", data[:16])
+            return seconds + nanoseconds * 1e-9
+    return None
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class HeartbeatRunner:
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
+        self._sock.setblocking(False)
+        _ask_kernel_stamps(self._sock)
         self._history = HeartbeatHistory(config.window)
         self._reported: set[str] = set()
         self._lock = threading.Lock()            # guards _reported, read by other threads via suspected()
@@ -116,12 +139,14 @@ class HeartbeatRunner:
             return {a: ann for a, ann in self._heard.items() if a not in self._reported and a not in self._deaf}
 
     def _run(self) -> None:
-        """One round per heartbeat interval: send, take what arrives until the next send, judge. The thread
-        wakes only for a packet or the next send (no polling: an idle agent costs little CPU)."""
+        """One round per heartbeat interval: take what arrived since the last round (each packet with the
+        kernel's arrival time), judge, send, sleep until the next round. The thread wakes once per interval
+        whatever the number of peers (an idle agent costs little CPU: a wakeup per packet cost more than the
+        packet), and stop() ends its sleep at once."""
         next_send = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            late = now - next_send                # past the planned end of the last round: our own stall
+            late = now - next_send                # past the planned start of this round: our own stall
             if late > self.config.floor:
                 self._forgive_all(now, late)
             elif self._reset_requested:
@@ -129,11 +154,11 @@ class HeartbeatRunner:
                 self._forgive(now)
             targets = (self._targets() | self._callers()) - {self.self_addr}
             self._track(targets, now)
+            self._receive(targets)
+            self._judge(targets, time.monotonic())
             self._send(targets)
             next_send = now + self.config.heartbeat_interval
-            self._receive(targets, next_send)
-            if time.monotonic() - next_send < self.config.floor:   # stalled inside this round: judge next round
-                self._judge(targets, time.monotonic())
+            self._stop.wait(max(0.0, next_send - time.monotonic()))
 
     def reset(self) -> None:
         """Start every peer's history afresh (after this agent rejoined the job): what we heard while we
@@ -186,27 +211,27 @@ class HeartbeatRunner:
             except OSError as e:
                 log.debug("heartbeat to %s failed: %s", target, e)
 
-    def _receive(self, targets: set[str], until: float) -> None:
-        """Take every heartbeat that arrives until `until` (at most 1024 in one round)."""
+    def _receive(self, targets: set[str]) -> None:
+        """Take every heartbeat waiting in the socket (at most 1024 in one round), each at its arrival time."""
+        clock_offset = time.monotonic() - time.time()      # kernel stamps are wall-clock; histories are monotonic
         for _ in range(1024):
-            left = until - time.monotonic()
-            if left <= 0 or self._stop.is_set():
-                return
-            self._sock.settimeout(left)
             try:
-                packet, _ = self._sock.recvfrom(MAX_PACKET + 1)
-            except socket.timeout:
+                packet, ancillary, _, _ = self._sock.recvmsg(MAX_PACKET + 1, ANCILLARY_BYTES)
+            except BlockingIOError:
                 return
             except OSError as e:                 # closed by stop(), or an ICMP error for an earlier send
+                if self._stop.is_set():
+                    return
                 log.debug("heartbeat receive failed: %s", e)
                 continue
-            self._take(packet, targets)
+            stamp = _kernel_stamp(ancillary)
+            self._take(packet, targets, time.monotonic() if stamp is None else stamp + clock_offset)
 
     def _drop(self, reason: str, detail: str) -> None:
         self.counters.add(reason)
         log.debug("dropped a heartbeat (%s): %s", reason, detail)
 
-    def _take(self, packet: bytes, targets: set[str]) -> None:
+    def _take(self, packet: bytes, targets: set[str], arrived: float | None = None) -> None:
         if len(packet) > MAX_PACKET:
             return self._drop("oversized", f"a packet of more than {MAX_PACKET} bytes")
         body, tag = packet[:-TAG_BYTES], packet[-TAG_BYTES:]
@@ -239,7 +264,7 @@ class HeartbeatRunner:
         if before is not None and before.instance != heard.instance:
             self._history.forget(sender)          # the new process is judged afresh
             self._on_replaced(sender, before.instance, heard.instance)
-        now = time.monotonic()
+        now = time.monotonic() if arrived is None else arrived
         self._history.record(sender, now)
         self._judge_deafness(sender, heard, now)
 

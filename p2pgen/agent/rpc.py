@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 MAX_FRAME = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
 Handler = Callable[[dict[str, Any]], Any]
+ACCEPT_POLL_S = 0.5               # the accept loop's longest wait; stop() ends it at once with a connection
 REASONS = ("auth_failed", "malformed", "oversized", "truncated", "unknown_method")
 
 
@@ -96,10 +97,13 @@ class RpcServer:
         self.counters = RejectCounters(REASONS)
         self._conns: dict[socket.socket, threading.Thread] = {}   # open connections (guarded by _lock)
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         server = self
 
         class _Conn(socketserver.BaseRequestHandler):
             def handle(self) -> None:
+                if server._stopping.is_set():
+                    return                     # stop()'s own wake-up call, or a client too late
                 server._track(self.request)
                 try:
                     server._serve(self.request, self.client_address)
@@ -111,7 +115,7 @@ class RpcServer:
             daemon_threads = True
 
         self._server = _Server((host, port), _Conn)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": ACCEPT_POLL_S},
                                         name=f"rpc-{host}:{port}", daemon=True)
 
     def start(self) -> None:
@@ -119,7 +123,13 @@ class RpcServer:
 
     def stop(self) -> None:
         """Stop accepting, close every open connection and wait (briefly) for their threads."""
-        self._server.shutdown()
+        self._stopping.set()
+        if self._thread.is_alive():
+            ender = threading.Thread(target=self._server.shutdown, daemon=True)
+            ender.start()
+            while ender.is_alive():            # a connection ends the accept loop's wait at once
+                self._wake_accept_loop()
+                ender.join(0.05)
         self._server.server_close()
         with self._lock:
             conns = dict(self._conns)
@@ -129,6 +139,12 @@ class RpcServer:
             except OSError:
                 pass
             thread.join(2.0)
+
+    def _wake_accept_loop(self) -> None:
+        try:
+            socket.create_connection(self._server.server_address[:2], timeout=0.2).close()
+        except OSError:
+            pass
 
     @property
     def refused(self) -> int:

@@ -64,10 +64,12 @@ class RaftUnavailable(P2PGenError):
 class RaftTiming:
     """Timeouts of the Raft node. Tight by default: the agent process does nothing else (see notes)."""
 
-    append_period: float = 0.09        # idle heartbeats only (new entries and commits are sent at once); < election_min / 3
-    election_min: float = 0.3
-    election_max: float = 0.6
-    tick: float = 0.1                 # longest sleep between ticks; socket events and submissions wake it at once
+    append_period: float = 0.15       # idle heartbeats only (new entries and commits are sent at once); < election_min / 3
+    election_min: float = 0.5
+    election_max: float = 1.0
+    tick: float = 0.1                 # longest sleep between ticks while a request is pending or a voter is unreachable
+    idle_tick: float = 0.5            # longest sleep otherwise: the thread wakes for a message, a submission, or the
+                                      # next thing Raft does on a clock (the leader's append, a follower's election)
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
 
@@ -136,6 +138,7 @@ class RaftNode:
         self._trace = trace or Trace(None, "", "", "")
         self._inbox: queue.Queue[_Request] = queue.Queue()
         self._requests: dict[str, _Request] = {}
+        self._handed_over = False                 # a request went to SyncObj this turn: tick again at once
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
         self._stop = threading.Event()
@@ -160,6 +163,9 @@ class RaftNode:
 
     def stop(self) -> None:
         self._stop.set()
+        wake = self._wake
+        if wake is not None:
+            wake.notify()                 # end the node thread's poll now, not at its next timer
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
@@ -222,11 +228,12 @@ class RaftNode:
         self._started.set()
         try:
             while not self._stop.is_set():
-                self._so.doTick(self.timing.tick)
+                self._so.doTick(0.0)                     # Raft's timers, then the events already waiting
                 self._drain_inbox()
                 self._drive_requests()
                 self._publish()
                 self._trace.maybe_flush()
+                self._so._poller.poll(self._wait_s())    # sleep until a message, a submission or the next timer
         except Exception:
             log.exception("raft node %r crashed", self)
         finally:
@@ -297,8 +304,37 @@ class RaftNode:
                                    members=[[m.peer_id, m.incarnation] for m in cert.members],
                                    revision=cert.frontier.revision, regressed_from=cert.regressed_from)
 
+    def _wait_s(self) -> float:
+        """How long the node's thread may sleep in its next poll. Not at all after it handed SyncObj a request (the
+        leader appends it, a follower forwards it, on the next tick). Otherwise until the next thing on a clock:
+        the leader's next append or a follower's election deadline (pysyncobj's clock), a request's retry or
+        deadline (ours); at most `idle_tick`, or `tick` while a node is not connected (reconnects run on the
+        tick). Messages and submissions end the wait earlier."""
+        if self._handed_over:
+            self._handed_over = False
+            return 0.0
+        so = self._so
+        cap = self.timing.idle_tick if self._all_connected() else self.timing.tick
+        raft_now = so_monotonic()
+        if so._isLeader():
+            due = so._SyncObj__newAppendEntriesTime
+        elif self.node_id is not None:
+            due = so._SyncObj__raftElectionDeadline
+        else:
+            due = raft_now + cap
+        wait = min(cap, due - raft_now) if due > raft_now else self.timing.tick
+        now = time.monotonic()
+        for request in self._requests.values():
+            next_step = request.retry_at if request.retry_at is not None else request.attempt_deadline
+            wait = min(wait, max(0.0, min(next_step, request.deadline) - now))
+        return wait
+
+    def _all_connected(self) -> bool:
+        so = self._so
+        return all(so.isNodeConnected(node) for node in so.otherNodes)
+
     def _drain_inbox(self) -> None:
-        while True:
+        while not self._inbox.empty():            # most loops find it empty: no exception raised for that
             try:
                 request = self._inbox.get_nowait()
             except queue.Empty:
@@ -317,6 +353,7 @@ class RaftNode:
                 request.retry_at = now        # the callback was lost: resend with the same request id
 
     def _send(self, request: _Request, now: float) -> None:
+        self._handed_over = True
         request.attempt += 1
         request.retry_at = None
         request.attempt_deadline = now + self.timing.attempt_timeout

@@ -10,9 +10,11 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
   refused with a message that says why, then disconnected, and counted in `refused`; a dialer keeps the
   refusals it receives (`refusals_received`), so a node that was removed can learn it. Nothing a refused
   connection sends reaches SyncObj.
-- Keep-alives. A tiny message to every verified connection every `keepalive_interval` s. Without it idle
-  follower-to-follower links hit `connectionTimeout` on their first send after a leader dies, the first vote
-  request is lost and every failover needs a second election round (item 1). SyncObj ignores unknown types.
+- Keep-alives. A tiny message on every verified connection this node sent nothing on for `keepalive_interval` s.
+  Without it idle follower-to-follower links hit `connectionTimeout` on their first send after a leader dies,
+  the first vote request is lost and every failover needs a second election round (item 1). Links that carry
+  appends or their answers need none (each side's sends keep the other side's read timer fresh), so an idle
+  job's nodes wake only for the appends and the follower-to-follower keep-alives. SyncObj ignores unknown types.
 - Injected partitions (`p2pgen.faults`): a message to or from a node across a cut direction is dropped here,
   the connection kept (a black-holed route, one direction at a time).
 Invariant kept: a connection is handed to SyncObj (`_onNodeConnected`) only after both sides proved which node
@@ -42,7 +44,7 @@ class NodeTransport(TCPTransport):
     keepalive_interval = 0.3          # well inside connectionTimeout (1 s)
 
     def __init__(self, syncObj, selfNode, otherNodes):
-        self._last_keepalive = 0.0
+        self._last_sent: dict = {}                     # node -> when this node last sent it anything
         self._verified: set = set()                    # nodes whose connection finished the two-way handshake
         self.refused: Counter[str] = Counter()        # connections this node refused, by kind
         self.refusals_received: deque[tuple[float, str, str]] = deque(maxlen=32)   # (when, by node, reason)
@@ -129,6 +131,7 @@ class NodeTransport(TCPTransport):
 
     def dropNode(self, node):
         self._verified.discard(node)
+        self._last_sent.pop(node, None)
         super().dropNode(node)
 
     # --- injected partitions ---------------------------------------------------------------------
@@ -140,6 +143,7 @@ class NodeTransport(TCPTransport):
     def send(self, node, message):
         if faults.blocked(self._here(), _addr_of(node)):
             return True                    # lost on the way, as far as the sender can tell
+        self._last_sent[node] = monotonic_time()
         return super().send(node, message)
 
     def _onMessageReceived(self, node, message):
@@ -152,12 +156,11 @@ class NodeTransport(TCPTransport):
     def _onTick(self):
         super()._onTick()
         now = monotonic_time()
-        if now - self._last_keepalive < self.keepalive_interval:
-            return
-        self._last_keepalive = now
         for node in list(self._verified):
             conn = self._connections.get(node)
-            if conn is not None and conn.state == CONNECTION_STATE.CONNECTED:
+            if conn is not None and conn.state == CONNECTION_STATE.CONNECTED and \
+                    now - self._last_sent.get(node, 0.0) >= self.keepalive_interval:
+                self._last_sent[node] = now
                 conn.send(KEEPALIVE)
 
 
