@@ -24,7 +24,10 @@ Invariants kept (checked by tests/core after every step):
   holding nothing: that member pulls, and such a state never becomes a frontier (I5: one serial history).
 - Kept copies: an agent whose application died reports the local copy it left (`Kept`); a proposal whose
   frontier is below such a copy (on the history, its peer not voting yet) is held, for at most `regress_wait`
-  after the death, until the peer's new incarnation votes with what it restored.
+  after the death, until the peer's new incarnation votes with what it restored. When another agent reports
+  the active generation's last current member (its own agent is gone), the machine notes an inexact copy for
+  it (at least the frontier: the steps it committed since exist only on its host), so the job waits the same
+  way for that peer instead of resuming below steps it may yet bring back.
 - Re-form (`Reformed`, the first entry of a new Raft epoch after a majority of voters was lost for good):
   the job continues from the state of the survivor that applied the most, so generation and incarnation
   numbers keep going up; the members of the lost agents are evicted and the survivors proposed.
@@ -206,7 +209,24 @@ class GenerationMachine:
     def _suspect(self, cmd: Suspect, position: LogPosition) -> Outcome:
         if not cmd.reporter:
             return Outcome.refused("suspect: empty reporter")
-        return self._remove(cmd.peer_id, cmd.incarnation, f"suspected by {cmd.reporter}: {cmd.reason}", cmd.at)
+        last_holder = (self._last_holder_note(cmd.peer_id, cmd.incarnation, cmd.at)
+                       if cmd.reporter != cmd.peer_id else None)   # its own agent reports what it kept (`Kept`)
+        outcome = self._remove(cmd.peer_id, cmd.incarnation, f"suspected by {cmd.reporter}: {cmd.reason}", cmd.at)
+        if outcome.ok and last_holder is not None:
+            self.kept[cmd.peer_id] = last_holder       # its agent, if it lives, replaces this with the exact copy
+        return outcome
+
+    def _last_holder_note(self, peer_id: str, incarnation: int, at: float) -> Kept | None:
+        """When another agent reports the active generation's last current member (its own agent is lost,
+        stalled or replaced), every step it committed since the activation exists only on its host: an inexact
+        `Kept` at least at the generation's frontier."""
+        active = self.active
+        if active is None or (peer_id, incarnation) not in {m.identity for m in active.members}:
+            return None
+        if any(m.identity != (peer_id, incarnation) and self.is_current(*m.identity) for m in active.members):
+            return None
+        return Kept(peer_id, incarnation, active.frontier.revision, active.frontier.digest, self.active_generation,
+                    at, exact=False)
 
     def _leave(self, cmd: Leave, position: LogPosition) -> Outcome:
         outcome = self._remove(cmd.peer_id, cmd.incarnation, "left gracefully", cmd.at)
@@ -346,9 +366,15 @@ class GenerationMachine:
         awaited = self._awaited_copy(election, at)
         if awaited is not None:
             copy_ = awaited
+            what = (f"{copy_.peer_id}'s local copy holds revision {copy_.revision} (its application restarts on "
+                    f"its host)" if copy_.exact else
+                    f"{copy_.peer_id}#{copy_.incarnation}, the last member of generation {copy_.lineage}, was lost "
+                    f"with its agent; the steps it committed after revision {copy_.revision} exist only on its "
+                    f"host (its next incarnation restores them if the host comes back)")
             proposal.hold = Hold(copy_.at, copy_.at + self.regress_wait, copy_.revision, election.frontier,
-                                 f"{copy_.peer_id}'s local copy holds revision {copy_.revision} (its application "
-                                 f"restarts on its host); waiting until {copy_.at + self.regress_wait:.3f} for it")
+                                 f"{what}; waiting until {copy_.at + self.regress_wait:.3f} for it")
+            if election.regressed_from is not None and self.hold_since is None:
+                self.hold_since = copy_.at          # one wait: the state went missing when that copy's holder died
             effects.append(ActivationHeld(proposal.generation, proposal.hold))
             return
         if election.regressed_from is not None:
@@ -370,8 +396,9 @@ class GenerationMachine:
         history, its peer not voting in this proposal (a new incarnation's vote says what it restored), and
         reported less than `regress_wait` ago."""
         voting = {m.peer_id for m in self.pending.members}
+        frontier = election.frontier.revision
         waiting = [k for k in self.kept.values()
-                   if k.peer_id not in voting and k.revision > election.frontier.revision
+                   if k.peer_id not in voting and (k.revision > frontier or (not k.exact and k.revision >= frontier))
                    and at < k.at + self.regress_wait and self.left_behind(k.lineage, k.revision) is None]
         return max(waiting, key=lambda k: (k.revision, k.peer_id), default=None)
 
@@ -402,7 +429,7 @@ class GenerationMachine:
             return Outcome.refused(f"kept: {cmd.peer_id}#{cmd.incarnation} is still a member: its vote says what "
                                    "it holds")
         held = self.kept.get(cmd.peer_id)
-        if held is not None and (held.incarnation, held.revision) >= (cmd.incarnation, cmd.revision):
+        if held is not None and held.exact and (held.incarnation, held.revision) >= (cmd.incarnation, cmd.revision):
             return Outcome(True, f"{cmd.peer_id}'s local copy at revision {held.revision} is already known (replay)")
         self.kept[cmd.peer_id] = cmd
         return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} left a local copy of revision {cmd.revision}")
@@ -417,8 +444,9 @@ class GenerationMachine:
         election, since = self._election(), proposal.hold.since
         awaited = self._awaited_copy(election, cmd.at)
         if awaited is not None:
-            return Outcome.refused(f"fallback for generation {cmd.generation}: {awaited.peer_id}'s local copy of "
-                                   f"revision {awaited.revision} may still come back (until "
+            what = (f"{awaited.peer_id}'s local copy of revision {awaited.revision}" if awaited.exact else
+                    f"the steps {awaited.peer_id}#{awaited.incarnation} committed after revision {awaited.revision}")
+            return Outcome.refused(f"fallback for generation {cmd.generation}: {what} may still come back (until "
                                    f"{awaited.at + self.regress_wait:.3f})")
         refusal = (self._regression_refusal(election, since, cmd.at) if election.regressed_from is not None
                    else None)

@@ -348,7 +348,12 @@ class Synced:
 class Kept:
     """An agent whose application died found the local copy it left on this host: the peer's next incarnation
     (restarted there) comes back holding (revision, digest) of generation `lineage`. So the job waits for it
-    (bounded, like a regression) instead of resuming below it."""
+    (bounded, like a regression) instead of resuming below it.
+
+    Not `exact`: the machine's own note that the last member of the active generation was lost with its agent
+    (a host lost or stalled). It committed steps nobody else holds, how many is unknown: at least `revision`
+    (the generation's frontier), perhaps more, kept on that host's disk if the host comes back. The job waits
+    for the peer's next incarnation the same way, since no one else can hold more."""
 
     peer_id: str
     incarnation: int           # the incarnation that died
@@ -356,6 +361,7 @@ class Kept:
     digest: str
     lineage: int
     at: float = 0.0
+    exact: bool = True
 
 
 @dataclass(frozen=True)
