@@ -322,6 +322,9 @@ class RaftNode:
             due = so._SyncObj__raftElectionDeadline
         else:
             due = raft_now + cap
+        fresh_until = so.leader_heard_at + self.timing.election_max      # the leader goes stale: publish it then
+        if self._view is not None and self._view.leader is not None and not so._isLeader() and fresh_until > raft_now:
+            due = min(due, fresh_until)
         wait = min(cap, due - raft_now) if due > raft_now else self.timing.tick
         now = time.monotonic()
         for request in self._requests.values():
@@ -422,12 +425,13 @@ class RaftNode:
         self._on_view()
 
     def _fresh_leader(self) -> str | None:
-        """The leader's node id, if this node heard from it within the election timeout (or is it)."""
+        """The leader's node id, if this node heard an append from it within the longest election timeout (or
+        is it). The fence reads this: a member whose agent hears no leader stops committing."""
         so = self._so
         if so._isLeader():
             return self.node_id
         leader = so._getLeader()
-        if leader is None or so_monotonic() > so._SyncObj__raftElectionDeadline + self.timing.election_max:
+        if leader is None or so_monotonic() > so.leader_heard_at + self.timing.election_max:
             return None
         return leader.id
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from pysyncobj import SyncObj
+from pysyncobj.monotonic import monotonic as monotonic_time
 
 OnApplied = Callable[[int, int, bytes, Any], None]
 
@@ -51,6 +52,7 @@ class JobSyncObj(SyncObj):
         self._on_applied = on_applied
         self._on_vote = on_vote
         self._change_pending: tuple[int, int] | None = None     # (term, index) of the last change appended
+        self.leader_heard_at = 0.0                                  # pysyncobj's clock: the last append of a leader
         super().__init__(*args, **kwargs)
 
     # --- 1 and 2: the message handler ---------------------------------------------------------------
@@ -59,6 +61,8 @@ class JobSyncObj(SyncObj):
         if not isinstance(message, dict) or "type" not in message:
             return
         kind = message["type"]
+        if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
+            self.leader_heard_at = monotonic_time()
         if kind == "request_vote":
             self._on_request_vote(node, message)
         elif kind == "append_entries" and self._is_plain_append(message):

@@ -29,7 +29,9 @@ def test_a_held_generation_is_shown_with_what_is_missing_and_how_long_it_waits()
     m = machine_with_lost_state()
     text = format_show({"state": state_json(m), "raft": RAFT, "agent": AGENT})
     assert "HELD:     certified revision 50 is missing; best available revision 40" in text
-    assert "waiting until 110.000 for a holder, a local copy or a checkpoint" in text
+    assert ("a#1, the last member of generation 1, was lost with its agent; the steps it committed after "
+            "revision 50 exist only on its host" in text)
+    assert "waiting until 110.000 for it" in text
     assert "over since" in format_hold(state_json(m)["pending"]["hold"], now=111.0)
 
 
