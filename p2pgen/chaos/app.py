@@ -43,7 +43,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,6 +56,7 @@ from p2pgen.state.pull import PullConfig
 from p2pgen.transport import FrameKind
 
 TWO_AGENTS_GAP_S = 0.2           # kill_two_agents: well inside the detection timeout (1.0 s)
+VOTER_REPAIR_WAIT_S = 10.0       # agent kills: longest wait for the voters to be able to lose that agent
 SHARD_CHUNK = 32                 # bytes per shard-pull frame here: a 128-byte shard comes in 4 chunks
 
 
@@ -122,6 +123,8 @@ class Injector:
         if inj.kind == "kill_app":
             os.kill(me, signal.SIGKILL)
         elif inj.kind in ("kill_agent", "replace_agent"):
+            if self._raft_after_repair(lambda raft: os.environ["P2PGEN_AGENT"]) is None:
+                return
             if inj.kind == "replace_agent":        # the harness replaces it at the same address within 1 s
                 open(os.path.join(self.run_dir, "fast", self.peer_id), "w").close()
             self._kill_own_agent()
@@ -189,13 +192,33 @@ class Injector:
             return json.load(f)
 
     def _kill_leader(self) -> None:
-        raft = self.peer._view["raft"] if self.peer else {}
+        """SIGKILL the Raft leader's agent, once the voters can lose it and keep a majority (the harness's
+        rule: never more than a minority of the voters down). Right after another voter was lost they cannot
+        (two voters, or a dead one not removed yet): wait up to VOTER_REPAIR_WAIT_S for the repair, and skip
+        the kill if it does not come."""
+        raft = self._raft_after_repair(lambda raft: raft.get("leader_agent"))
+        if raft is None:
+            return
         addr = raft.get("leader_agent")
         pid = self._agents().get(addr) if addr else None
         if pid:
             _kill(pid)
             if pid == os.getppid():
                 time.sleep(5)
+
+    def _raft_after_repair(self, victim: Callable[[dict], str | None]) -> dict | None:
+        """The agent's Raft view once the voters whose agents it hears, less the `victim` agent, are a
+        majority of the voters (at once when the view does not say who votes); None if that does not happen
+        within VOTER_REPAIR_WAIT_S (the kill is then skipped: it would leave no quorum)."""
+        deadline = time.monotonic() + VOTER_REPAIR_WAIT_S
+        while True:
+            raft = self.peer._view["raft"] if self.peer else {}
+            if _majority_outlives(raft, victim(raft)):
+                return raft
+            if time.monotonic() >= deadline:
+                self.log("kill_skipped", reason="the voters could not lose this agent and keep a majority")
+                return None
+            time.sleep(0.1)
 
     def _kill_other_agent(self) -> None:
         """A second agent lost with ours: one that leaves a majority of the voters up when `show` says who
@@ -229,6 +252,15 @@ class Injector:
                 _kill(int(f.read()))
         except (OSError, ValueError):
             pass
+
+
+def _majority_outlives(raft: dict, victim: str | None) -> bool:
+    """Whether the voters whose agents this agent hears, less the `victim` agent, are still a majority of the
+    voters (True when the view does not say who votes)."""
+    if "voters" not in raft:
+        return True
+    live = set(raft.get("agents", ())) - {victim}
+    return 2 * sum(v["agent"] in live for v in raft["voters"]) > len(raft["voters"])
 
 
 def _wipe_local_copy() -> None:
