@@ -1,0 +1,53 @@
+"""An agent's `hello` round (`RaftMembership._ask_hello`) against real RPC listeners: an address that refuses
+this agent's secret is fatal only when no agent of the job answers at all."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import pytest
+
+from p2pgen.agent.raftmember import JoinError, RaftMembership
+from p2pgen.agent.rpc import RpcServer
+from p2pgen.raft.node import RaftTiming
+from p2pgen.raft.trace import Trace
+from tests.fuzz.conftest import bind_free_port
+
+pytestmark = pytest.mark.timeout(30)
+
+JOB, SECRET, OTHER_SECRET = "hello-job", b"hello-secret-0123456789abcdef", b"another-jobs-secret-0123456789"
+ANSWER = {"mode": "running", "cluster": [], "node": "127.0.0.1:1/abc", "voters": ["127.0.0.1:1/abc"], "epoch": 0}
+
+
+@contextlib.contextmanager
+def listener(secret: bytes) -> Iterator[str]:
+    server = bind_free_port(lambda port: RpcServer("127.0.0.1", port, JOB, secret, {"hello": lambda p: ANSWER}))
+    server.start()
+    try:
+        yield f"127.0.0.1:{server._server.server_address[1]}"
+    finally:
+        server.stop()
+
+
+def membership() -> RaftMembership:
+    return RaftMembership(JOB, "127.0.0.1:9", [], SECRET, RaftTiming(), Trace(None, "", "", ""), lambda: False)
+
+
+def test_one_refusing_address_is_not_fatal_while_another_agent_answers() -> None:
+    with listener(OTHER_SECRET) as refusing, listener(SECRET) as answering:
+        hellos = membership()._ask_hello([refusing, answering])
+    assert [h.addr for h in hellos] == [answering]
+    assert hellos[0].mode == "running" and hellos[0].voters == ("127.0.0.1:1/abc",)
+
+
+def test_refusals_from_every_answering_address_are_fatal_and_say_what_to_do() -> None:
+    with listener(OTHER_SECRET) as refusing, listener(OTHER_SECRET) as also_refusing:
+        with pytest.raises(JoinError, match="Start this agent with the job's --secret-file"):
+            membership()._ask_hello([refusing, also_refusing])
+
+
+def test_addresses_that_do_not_answer_are_not_a_refusal() -> None:
+    with listener(SECRET) as gone:
+        pass                                         # stopped: nothing listens there any more
+    assert membership()._ask_hello([gone]) == []
