@@ -184,12 +184,6 @@ class Certificate:
     objects: tuple[ObjectRecord, ...] = ()      # per sharded object: seed 000's manifest record
     moved: tuple[ShardPull, ...] = ()           # shards copied or rebuilt before this generation activated
 
-    def rank_of(self, peer_id: str) -> int | None:
-        for rank, member in enumerate(self.members):
-            if member.peer_id == peer_id:
-                return rank
-        return None
-
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form documented in the README."""
         data = asdict(self)

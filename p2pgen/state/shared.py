@@ -98,10 +98,6 @@ class Manifest:
     def entry(self, name: str) -> Entry:
         return next(e for e in self.entries if e.name == name)
 
-    @property
-    def tensor_nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries)
-
 
 @dataclass(frozen=True)
 class _Cached:
