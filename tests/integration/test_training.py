@@ -27,9 +27,12 @@ STEPS = 120     # long enough (0.05 s a step) for both killed peers and the join
 
 
 def read_traces(trace_dir: Path) -> dict[str, list[dict]]:
+    """Every complete line of every trace: a live writer's last line may be half written (read while the
+    peers run), and is left for the next read."""
     traces = {}
     for path in sorted(trace_dir.glob("*.jsonl")):
-        traces[path.stem] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        complete = path.read_text().rpartition("\n")[0]
+        traces[path.stem] = [json.loads(line) for line in complete.splitlines() if line.strip()]
     return traces
 
 
