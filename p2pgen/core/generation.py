@@ -158,7 +158,7 @@ class GenerationMachine:
             return Outcome.refused(f"configure: allow_fresh_start must be 0 or 1, got {cmd.allow_fresh_start}")
         rules = (cmd.min_members, cmd.regress_wait, bool(cmd.allow_fresh_start))
         if self.min_members is not None and rules == (self.min_members, self.regress_wait, self.allow_fresh_start):
-            return Outcome(True, f"job already configured with {self._rules()} (replay)")
+            return Outcome.replay(f"job already configured with {self._rules()}")
         if self.min_members is not None:
             return Outcome.refused(f"configure: job already configured with {self._rules()}; start every agent "
                                    f"with the same --min-members, --regress-wait and --allow-fresh-start")
@@ -190,7 +190,7 @@ class GenerationMachine:
         addrs = tuple(sorted(cmd.addrs))   # members store addrs sorted; compare like with like on replay
         current = self.member(cmd.peer_id)
         if current is not None and current.incarnation == cmd.incarnation and current.addrs == addrs:
-            return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} is already registered (replay)")
+            return Outcome.replay(f"{cmd.peer_id}#{cmd.incarnation} is already registered")
         last = self.last_incarnation.get(cmd.peer_id)
         if last is not None and cmd.incarnation <= last:
             return Outcome.refused(
@@ -285,7 +285,7 @@ class GenerationMachine:
         previous = proposal.votes.get(cmd.peer_id)
         if previous is not None:
             if previous == vote:
-                return Outcome(True, f"{cmd.peer_id} already voted ready for generation {cmd.generation} (replay)")
+                return Outcome.replay(f"{cmd.peer_id} already voted ready for generation {cmd.generation}")
             return Outcome.refused(f"ready: {cmd.peer_id}#{cmd.incarnation} already voted differently for "
                                    f"generation {cmd.generation}")
         effects: list[Effect] = []
@@ -430,7 +430,7 @@ class GenerationMachine:
                                    "it holds")
         held = self.kept.get(cmd.peer_id)
         if held is not None and held.exact and (held.incarnation, held.revision) >= (cmd.incarnation, cmd.revision):
-            return Outcome(True, f"{cmd.peer_id}'s local copy at revision {held.revision} is already known (replay)")
+            return Outcome.replay(f"{cmd.peer_id}'s local copy at revision {held.revision} is already known")
         self.kept[cmd.peer_id] = cmd
         return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} left a local copy of revision {cmd.revision}")
 
@@ -475,7 +475,7 @@ class GenerationMachine:
             return Outcome.refused(f"synced: {cmd.peer_id} holds digest {cmd.digest or '<empty>'}, the frontier is "
                                    f"{election.frontier.digest or '<empty>'}; pull again")
         if cmd.peer_id in self.pending.synced:
-            return Outcome(True, f"{cmd.peer_id} already synced (replay)")
+            return Outcome.replay(f"{cmd.peer_id} already synced")
         self.pending.synced.add(cmd.peer_id)
         effects: list[Effect] = []
         self._maybe_activate(cmd.at, position, effects)
@@ -608,7 +608,7 @@ def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> 
         return Outcome.refused(f"reformed: epoch {cmd.epoch} is not above the base's epoch {cmd.base.raft_epoch}")
     fresh = self.last_generation == 0 and not self.history and not self.members and not self.last_incarnation
     if self.raft_epoch == cmd.epoch and not fresh:
-        return Outcome(True, f"already re-formed in epoch {cmd.epoch} (replay)")
+        return Outcome.replay(f"already re-formed in epoch {cmd.epoch}")
     if not fresh:
         return Outcome.refused(f"reformed: epoch {cmd.epoch} must be the first entry of a new Raft log")
     self.__dict__.update(copy.deepcopy(cmd.base.__dict__))

@@ -429,12 +429,19 @@ Effect = Union[ProposalOpened, ProposalAbandoned, MemberEvicted, RestartRequired
 
 @dataclass(frozen=True)
 class Outcome:
-    """Result of applying one command: accepted or refused (with the reason), and the effects."""
+    """Result of applying one command: accepted or refused (with the reason), and the effects. `replayed`: accepted
+    because it repeats what the state already holds (an agent resubmitting a command whose first copy committed
+    while it waited); it changed nothing, so it is no new registration, vote or report."""
 
     ok: bool
     reason: str
     effects: tuple[Effect, ...] = field(default=())
+    replayed: bool = False
 
     @staticmethod
     def refused(reason: str) -> "Outcome":
         return Outcome(False, reason)
+
+    @staticmethod
+    def replay(reason: str) -> "Outcome":
+        return Outcome(True, f"{reason} (replay)", replayed=True)

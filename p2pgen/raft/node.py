@@ -286,8 +286,8 @@ class RaftNode:
             if change[0] == "rem" and change[1] == self.node_id:
                 self._removed = True
                 log.warning("raft node %s applied its own removal: it no longer speaks for the job", self.node_id)
-        elif kind == _COMMAND_TYPE.REGULAR and isinstance(result, Outcome) and result.ok \
-                and not self._state.last_was_duplicate:     # a duplicate changed nothing: nothing to trace
+        elif kind == _COMMAND_TYPE.REGULAR and isinstance(result, Outcome) and result.ok and not result.replayed \
+                and not self._state.last_was_duplicate:     # a duplicate or a replay changed nothing: nothing to trace
             self._trace_outcome(index, command, result)
 
     def _trace_outcome(self, index: int, command: bytes, outcome: Outcome) -> None:
