@@ -50,6 +50,7 @@ import numpy as np
 from p2pgen.chaos import model, policies
 from p2pgen.chaos.schedule import ANY_PEER, STALE_BACK, Injection
 from p2pgen.collectives import tcp
+from p2pgen.core.voters import majority_up
 from p2pgen.state import SharedState, shardpull, wire
 from p2pgen.state.keeper import ENV_LOCAL
 from p2pgen.state.pull import PullConfig
@@ -123,15 +124,13 @@ class Injector:
         if inj.kind == "kill_app":
             os.kill(me, signal.SIGKILL)
         elif inj.kind in ("kill_agent", "replace_agent"):
-            if self._raft_after_repair(lambda raft: os.environ["P2PGEN_AGENT"]) is None:
+            if self._raft_after_repair(lambda raft: {_own_agent()}) is None:
                 return
             if inj.kind == "replace_agent":        # the harness replaces it at the same address within 1 s
                 open(os.path.join(self.run_dir, "fast", self.peer_id), "w").close()
             self._kill_own_agent()
         elif inj.kind == "kill_two_agents":
-            self._kill_other_agent()
-            time.sleep(TWO_AGENTS_GAP_S)
-            self._kill_own_agent()
+            self._kill_two_agents()
         elif inj.kind == "kill_leader":
             self._kill_leader()
         elif inj.kind in ("pause_short", "pause_long"):
@@ -174,6 +173,8 @@ class Injector:
     def _reuse_rank(self) -> None:
         """Be replaced at this address within 0.2 s with no local copy; the next process of this peer id starts
         from the state the member of the next rank last saved (its shards are another rank's)."""
+        if self._raft_after_repair(lambda raft: {_own_agent()}) is None:
+            return
         peer = self.peer
         rank = (peer.rank + 1) % peer.world if peer and peer.world else 0
         with open(os.path.join(self.run_dir, "reuse", self.peer_id), "w") as f:
@@ -192,11 +193,8 @@ class Injector:
             return json.load(f)
 
     def _kill_leader(self) -> None:
-        """SIGKILL the Raft leader's agent, once the voters can lose it and keep a majority (the harness's
-        rule: never more than a minority of the voters down). Right after another voter was lost they cannot
-        (two voters, or a dead one not removed yet): wait up to VOTER_REPAIR_WAIT_S for the repair, and skip
-        the kill if it does not come."""
-        raft = self._raft_after_repair(lambda raft: raft.get("leader_agent"))
+        """SIGKILL the Raft leader's agent, under the guard of every agent kill (`_raft_after_repair`)."""
+        raft = self._raft_after_repair(lambda raft: {raft.get("leader_agent")})
         if raft is None:
             return
         addr = raft.get("leader_agent")
@@ -206,31 +204,40 @@ class Injector:
             if pid == os.getppid():
                 time.sleep(5)
 
-    def _raft_after_repair(self, victim: Callable[[dict], str | None]) -> dict | None:
-        """The agent's Raft view once the voters whose agents it hears, less the `victim` agent, are a
-        majority of the voters (at once when the view does not say who votes); None if that does not happen
-        within VOTER_REPAIR_WAIT_S (the kill is then skipped: it would leave no quorum)."""
+    def _kill_two_agents(self) -> None:
+        """Ours and a second agent, TWO_AGENTS_GAP_S apart: the second one chosen so that a majority of the
+        voters stays up (a non-voter when ours votes), under the same guard as every agent kill."""
+        raft = self._raft_after_repair(lambda raft: {_own_agent(), self._second_victim(raft)})
+        if raft is None:
+            return
+        other = self._second_victim(raft)
+        if other:
+            _kill(self._agents()[other])
+        time.sleep(TWO_AGENTS_GAP_S)
+        self._kill_own_agent()
+
+    def _second_victim(self, raft: dict) -> str | None:
+        """The other agent to lose with ours: a non-voter first when ours votes, then by address."""
+        mine = _own_agent()
+        voters = {v["agent"] for v in raft.get("voters", ())}
+        others = sorted((a for a in self._agents() if a != mine), key=lambda a: (mine in voters and a in voters, a))
+        return others[0] if others else None
+
+    def _raft_after_repair(self, victims: Callable[[dict], set[str | None]]) -> dict | None:
+        """The guard of every agent kill (the harness's rule: never more than a minority of the voters down):
+        the agent's Raft view once the voters whose agents it hears, less the `victims` agents, are a majority
+        of the voters (at once when the view does not say who votes). Right after another voter was lost they
+        may not be (a dead voter not removed yet): wait up to VOTER_REPAIR_WAIT_S for the repair; None if it
+        does not come (the kill is then skipped and logged)."""
         deadline = time.monotonic() + VOTER_REPAIR_WAIT_S
         while True:
             raft = self.peer._view["raft"] if self.peer else {}
-            if _majority_outlives(raft, victim(raft)):
+            if _majority_outlives(raft, victims(raft)):
                 return raft
             if time.monotonic() >= deadline:
-                self.log("kill_skipped", reason="the voters could not lose this agent and keep a majority")
+                self.log("kill_skipped", reason="the voters could not lose these agents and keep a majority")
                 return None
             time.sleep(0.1)
-
-    def _kill_other_agent(self) -> None:
-        """A second agent lost with ours: one that leaves a majority of the voters up when `show` says who
-        votes (a non-voter when ours votes), else the first other agent by address."""
-        mine = os.environ["P2PGEN_AGENT"]
-        others = sorted(a for a in self._agents() if a != mine)
-        raft = self.peer._view["raft"] if self.peer else {}
-        if "voters" in raft:
-            voters = {v["agent"] for v in raft["voters"]}
-            others = sorted(others, key=lambda a: (mine in voters and a in voters, a))
-        if others:
-            _kill(self._agents()[others[0]])
 
     def _request_partition(self, inj: Injection) -> None:
         """Ask the harness (which knows every address of the run) to cut a minority of one agent off: ours, or
@@ -254,13 +261,17 @@ class Injector:
             pass
 
 
-def _majority_outlives(raft: dict, victim: str | None) -> bool:
-    """Whether the voters whose agents this agent hears, less the `victim` agent, are still a majority of the
+def _own_agent() -> str:
+    return os.environ["P2PGEN_AGENT"]
+
+
+def _majority_outlives(raft: dict, victims: set[str | None]) -> bool:
+    """Whether the voters whose agents this agent hears, less the `victims` agents, are still a majority of the
     voters (True when the view does not say who votes)."""
     if "voters" not in raft:
         return True
-    live = set(raft.get("agents", ())) - {victim}
-    return 2 * sum(v["agent"] in live for v in raft["voters"]) > len(raft["voters"])
+    live = set(raft.get("agents", ())) - victims
+    return majority_up(len(raft["voters"]), sum(v["agent"] not in live for v in raft["voters"]))
 
 
 def _wipe_local_copy() -> None:

@@ -1,6 +1,6 @@
 """Who votes in the job's Raft group: the pure decision the leader's agent acts on, one change at a time.
 
-Owns: the voter-count rule (`target_voters`) and `plan_voters`, a function of what the leader's agent knows (the
+Owns: the voter-count rule (`target_voters`), the quorum rule (`majority_up`) and `plan_voters`, a function of what the leader's agent knows (the
 voters in the configuration, the agents it hears, which voters are old enough to judge) that returns one
 decision with its reason. No I/O, no clock: the agent passes everything in.
 
@@ -29,6 +29,12 @@ def target_voters(agents: int) -> int:
     An even count tolerates no more losses than the odd count below it (notes/pysyncobj.md, item 18)."""
     n = max(1, min(agents, MAX_VOTERS))
     return n if n % 2 else n - 1
+
+
+def majority_up(voters: int, down: int) -> bool:
+    """Whether `voters` voters with `down` of them down still have a quorum (a strict majority up). The one
+    rule every fault injector keeps (`p2pgen chaos`, `p2pgen stress`): never more than a minority down."""
+    return 2 * (voters - down) > voters
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from p2pgen.core.voters import majority_up
+
 KINDS: dict[str, int] = {"kill_app": 3, "kill_agent": 2, "kill_two": 1, "pause": 2, "join": 1, "leave": 1,
                          "partition": 2}
 DELAY_S = (0.5, 3.0)                 # between two actions
@@ -123,8 +125,7 @@ def next_delay(rng: random.Random) -> float:
 
 def quorum_safe(world: World, targets: list[Agent]) -> bool:
     """Taking `targets` down leaves at most a minority of the voters down."""
-    down = world.voters_down + sum(1 for a in targets if a.voter and a.up)
-    return down <= (world.voters - 1) // 2
+    return majority_up(world.voters, world.voters_down + sum(1 for a in targets if a.voter and a.up))
 
 
 def choose(rng: random.Random, world: World, new_peer: str = "", kinds: tuple[str, ...] = ()) -> Action:
@@ -226,6 +227,3 @@ def voter_status(slots: list[tuple[str, str, str | None]],
     voting = {running[node] for node, _ in voters if node in running}
     return len(voters), len(voters) - len(voting), voting
 
-
-def majority_up(voters: int, voters_down: int) -> bool:
-    return voters - voters_down >= voters // 2 + 1

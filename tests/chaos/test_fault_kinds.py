@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from p2pgen.chaos import checker, report, runner
+from p2pgen.chaos.app import _majority_outlives
 from p2pgen.chaos.schedule import Injection, Schedule, generate
 from p2pgen.raft import checker as raft_checker
 
@@ -45,3 +46,13 @@ def test_an_agent_replaced_within_a_second_and_two_agents_lost_together_are_surv
     assert verdict.injections == 2, result.harness
     assert verdict.passed, (verdict.failures, verdict.evidence[:5], result.harness, str(tmp_path))
     assert raft.passed and raft.evidence, raft.render()
+
+
+def test_an_agent_kill_is_allowed_only_when_the_voters_left_up_are_a_majority():
+    voters = [{"agent": a} for a in ("a", "b", "c")]
+    raft = {"voters": voters, "agents": ["a", "b", "c", "d", "e"]}
+    assert _majority_outlives(raft, {"a"}) and _majority_outlives(raft, {"a", "d"})
+    assert not _majority_outlives(raft, {"a", "b"})                 # two voters of three: the guard waits
+    unrepaired = {"voters": voters, "agents": ["a", "b", "d"]}       # c is dead and not removed yet
+    assert not _majority_outlives(unrepaired, {"a"}) and _majority_outlives(unrepaired, {"d"})
+    assert _majority_outlives({}, {"a", "b"})                        # a view that does not say who votes

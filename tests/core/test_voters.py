@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pgen.core.voters import MAX_VOTERS, AgentStatus, Voter, plan_voters, target_voters
+from p2pgen.core.voters import MAX_VOTERS, AgentStatus, Voter, majority_up, plan_voters, target_voters
 
 
 def voter(i: int, nonce: str = "a") -> Voter:
@@ -18,6 +18,12 @@ def agent(i: int, node: str = "", eligible: bool = False) -> AgentStatus:
 
 def test_target_is_the_largest_odd_count_up_to_five():
     assert [target_voters(n) for n in range(0, 10)] == [1, 1, 1, 3, 3, 5, 5, 5, 5, 5]
+
+
+def test_a_quorum_is_a_strict_majority_up():
+    assert [majority_up(5, d) for d in range(6)] == [True, True, True, False, False, False]
+    assert [majority_up(4, d) for d in range(5)] == [True, True, False, False, False]
+    assert majority_up(1, 0) and not majority_up(1, 1) and not majority_up(0, 0)
 
 
 def test_a_dead_voter_is_removed_first_by_its_exact_id():
