@@ -4,19 +4,20 @@ Run it under agents, which restart a killed process as a new incarnation:
 
     p2pgen join --local 3 --chaos 2 --steps 200 -- python examples/ddp_elastic.py
 
-What differs from a DDP script for torchrun: `dist.init_process_group("p2pgen")` (no other argument: the
-agent's environment says everything, and the backend joins the job), `p2pgen.torch.DistributedDataParallel`
-(torch's DDP without the construction-time broadcast), `p2pgen.torch.peer(model, optimizer)` (the job's
-Peer; a joiner or restarted process pulls the model and optimizer state from the others), and the loop:
-`for step in peer.steps(): with step, p2pgen.torch.unwrap_errors(): ... step.commit()`.
-`dist.get_rank()`/`get_world_size()` follow the generation. A peer dying in the middle of the bucket
-all-reduce makes backward raise, the step is discarded (the optimizer did not run) and the loop retries it
-in the next generation.
+It is torch's idiom: `dist.init_process_group("p2pgen")` (no other argument: the agent's environment says
+everything, and the backend joins the job), torch's own `DistributedDataParallel(model)`, a mean loss over
+the local batch. What p2pgen adds is the loop: `peer = p2pgen.torch.peer(model, optimizer)` (the job's Peer;
+a joiner or restarted process pulls the model and optimizer state from the others, so DDP's construction
+broadcast has nothing to do: before its first step a process is a world of one), then
+`for step in peer.steps(): with step: ... step.commit()`. `dist.get_rank()`/`get_world_size()` follow the
+generation. A peer dying in the middle of DDP's bucket all-reduce makes backward raise; `with step:` sees
+the generation change behind torch's RuntimeError, the step is discarded (the optimizer did not run) and
+the loop retries it in the next generation.
 
-The global batch of revision r is generated from (seed, r) and split into `world` contiguous shards; the
-loss is a sum of per-sample terms divided by the *global* batch size, and DDP SUMs the gradients, so a
-step's update does not depend on the world size: `reference(steps, seed)` computes the same training in
-one process (tests compare against it).
+The global batch of revision r is generated from (seed, r) and split into `world` contiguous shards of
+equal size (GLOBAL_BATCH divides evenly for 1-6, 8, 10 and 12 members); each member's loss is the mean over
+its shard and DDP averages the gradients, so a step's update is the global batch's mean gradient whatever
+the world size: `reference(steps, seed)` computes the same training in one process (tests compare against it).
 
 At the end every peer prints one JSON line (`summary`) and writes it to $P2PGEN_SUMMARY_DIR if set: its
 parameters, digest, the worlds it trained in, and the peer's statistics. Test hooks (environment, see
@@ -36,11 +37,12 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import p2pgen
 import p2pgen.torch
 
-GLOBAL_BATCH = 48
+GLOBAL_BATCH = 240
 IN, HIDDEN, OUT = 8, 16, 3
 
 
@@ -59,7 +61,7 @@ def shard(seed: int, revision: int, rank: int, world: int) -> tuple[torch.Tensor
 
 
 def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return ((model(x) - y) ** 2).sum() / GLOBAL_BATCH
+    return ((model(x) - y) ** 2).sum(dim=1).mean()
 
 
 def reference(steps: int, seed: int, lr: float, momentum: float) -> dict[str, torch.Tensor]:
@@ -103,7 +105,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     dist.init_process_group("p2pgen")
-    model = p2pgen.torch.DistributedDataParallel(build_model(args.seed))
+    model = DistributedDataParallel(build_model(args.seed))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     peer = p2pgen.torch.peer(model, optimizer)
     fault, holding = fault_hooks(peer.peer_id)
@@ -116,7 +118,7 @@ def main() -> None:
                 step.barrier()           # agrees on the step boundary, so a pending join is admitted
             time.sleep(0.1)
             continue
-        with step, p2pgen.torch.unwrap_errors():
+        with step:
             optimizer.zero_grad()
             x, y = shard(args.seed, step.revision, dist.get_rank(), dist.get_world_size())
             loss = loss_of(model, x, y)

@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 
@@ -86,6 +86,26 @@ class Trace:
             self._file.close()
 
 
+class WrappedErrors(Protocol):
+    """A library that re-raises a p2pgen error as an exception of its own (torch's DDP reducer turns it into a
+    RuntimeError with the text only). `mark()` is taken when a step starts; `unwrap(error, mark)` returns the
+    p2pgen error behind `error` if one was raised by that library's operations since the mark, else None."""
+
+    def mark(self) -> Any: ...
+
+    def unwrap(self, error: BaseException, mark: Any) -> BaseException | None: ...
+
+
+_wrapped_errors: list[WrappedErrors] = []
+
+
+def recognize_wrapped_errors(source: WrappedErrors) -> None:
+    """Let `with step:` see through `source`'s wrapping (p2pgen.torch registers torch's on import), so that a
+    generation change inside a library call discards the step like one raised directly."""
+    if source not in _wrapped_errors:
+        _wrapped_errors.append(source)
+
+
 class Step:
     """One training step of one generation. Use as a context manager (see the module docstring)."""
 
@@ -96,6 +116,7 @@ class Step:
         self.committed = False
         self.discarded: BaseException | None = None
         self._control_done = False
+        self._marks = [(source, source.mark()) for source in _wrapped_errors]
 
     # --- collectives: the first one also agrees on the step boundary ------------------------------
 
@@ -159,12 +180,21 @@ class Step:
         return self
 
     def __exit__(self, kind: type | None, err: BaseException | None, tb: Any) -> bool:
+        if err is not None and not isinstance(err, P2PGenError):
+            err = self._unwrapped(err) or err
         if err is not None and isinstance(err, (GenerationChanged, PeerLost)) and not self.committed:
             self.discarded = err
             self.peer.trace.record("discard", generation=self.generation, revision=self.revision, reason=str(err))
             log.info("step %d discarded in generation %d: %s", self.revision, self.generation, err)
             return True
         return False
+
+    def _unwrapped(self, err: BaseException) -> BaseException | None:
+        for source, mark in self._marks:
+            inner = source.unwrap(err, mark)
+            if inner is not None:
+                return inner
+        return None
 
 
 class Peer:

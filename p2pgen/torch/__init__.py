@@ -5,16 +5,21 @@
 - **Under an agent** (`p2pgen join ... -- python train.py`): torch's idiom, plus the step loop.
   ```python
   dist.init_process_group("p2pgen")        # no argument: joins the job the agent started this process for
-  model = p2pgen.torch.DistributedDataParallel(module)
+  model = torch.nn.parallel.DistributedDataParallel(module)   # torch's own DDP
   optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
   peer = p2pgen.torch.peer(model, optimizer)   # a joiner pulls model and optimizer state from the others
   for step in peer.steps():
-      with step, p2pgen.torch.unwrap_errors():
-          loss = model(x_shard).pow(2).sum() / GLOBAL_BATCH   # per-sample terms over the *global* batch
-          loss.backward()                   # bucket all-reduces (SUM) run in this step's generation
+      with step:                            # a generation change, even inside DDP's backward, discards the step
+          loss = model(x_shard).pow(2).mean()
+          loss.backward()                   # bucket all-reduces (AVG) run in this step's generation
           optimizer.step()
           step.commit()
   ```
+  Before its first step the process is a world of one (`ALONE` in p2pgen.torch.group): DDP's construction
+  check and broadcast run there, trivially, and the state pull before the first step makes the joiner's
+  parameters the job's. `peer(model, ...)` *adopts* torch's DDP (`adopt`): a reducer that never rebuilds its
+  buckets and gradients averaged over each step's generation. `p2pgen.torch.DistributedDataParallel` is the
+  same with gradients SUMMED (write the loss over the global batch).
   When the script joined first (`peer = p2pgen.join(state=state)`), `init_process_group("p2pgen")` runs on
   that Peer instead. `p2pgen.torch.init_process_group(peer)` does the same for a given Peer, Backend or
   callable. Outside an agent, `init_process_group("p2pgen")` without a rendezvous raises ValueError saying
@@ -80,10 +85,11 @@ import torch.distributed as dist
 
 from p2pgen.peer import Peer, current_peer, join
 from p2pgen.torch import fixed
-from p2pgen.torch.ddp import DistributedDataParallel, allreduce_hook, default_group, unwrap_errors
+from p2pgen.torch.ddp import DistributedDataParallel, adopt, allreduce_hook, average_hook, default_group, unwrap_errors
 from p2pgen.torch.group import BACKEND, P2PGenProcessGroup, Work, bound_to, following, subgroup_of
 
-__all__ = ["BACKEND", "DistributedDataParallel", "P2PGenProcessGroup", "Work", "allreduce_hook", "default_group",
+__all__ = ["BACKEND", "DistributedDataParallel", "P2PGenProcessGroup", "Work", "adopt", "allreduce_hook",
+           "average_hook", "default_group",
            "generation_group", "generation_mesh", "init_process_group", "monitored_barrier", "peer", "shared_tensors",
            "unwrap_errors"]
 
@@ -139,7 +145,8 @@ def peer(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
     """The Peer that the default p2pgen group runs on (the one `dist.init_process_group("p2pgen")` joined the
     job with, or `p2pgen.join()`'s): loop over `peer.steps()`. `model` and `optimizer`, when given, are added
     to its SharedState by reference (`shared_tensors`), so a joiner or a restarted process pulls them from
-    the others; call it before the first step.
+    the others; call it before the first step. A torch DistributedDataParallel `model` is adopted first
+    (`adopt`: see p2pgen.torch.ddp).
     """
     default_group()
     the_peer = current_peer()
@@ -151,6 +158,8 @@ def peer(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         if the_peer.stats["generations"] or the_peer.backend is not None:
             raise RuntimeError("p2pgen.torch.peer(model, optimizer) after the first step: the members' states "
                                "would differ; share the model and optimizer before `for step in peer.steps()`")
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            adopt(model)
         the_peer.state.tensors.update(shared_tensors(model, optimizer))
     return the_peer
 
@@ -208,6 +217,9 @@ def generation_group() -> P2PGenProcessGroup:
     functional collectives and DCP can use it. Once the generation is retired, every call on it raises
     GenerationChanged: build the next generation's group then (and `dist.destroy_process_group(old)`)."""
     comm = default_group()._current()
+    if comm.generation is None:
+        raise RuntimeError("generation_group() binds a group to a generation: call it inside a step "
+                           "(`for step in peer.steps(): with step: ...`); before its first step the process has none")
     return dist.new_group(backend=BACKEND, pg_options=_Bind(comm.generation))
 
 

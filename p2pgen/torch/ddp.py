@@ -54,6 +54,47 @@ def allreduce_hook(group: P2PGenProcessGroup, bucket: dist.GradBucket) -> Future
     return group.all_reduce_future(bucket.buffer(), "sum")
 
 
+def average_hook(group: P2PGenProcessGroup, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """DDP comm hook: AVG the bucket over the members of the generation current when the bucket is ready
+    (torch DDP's own semantics, with the world of this step rather than the world DDP was built in)."""
+    return group.all_reduce_future(bucket.buffer(), "avg")
+
+
+def adopt(ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+    """Make torch's own DistributedDataParallel, built on the p2pgen default group, safe across generation
+    changes (called by `p2pgen.torch.peer(model, ...)` before the first step). Two things in torch's DDP
+    assume a fixed world, and both are changed here:
+
+    - the reducer *rebuilds* its buckets once, after the first backward of its life (a broadcast of the new
+      layout from rank 0). A joiner would do that steps after the survivors did, and the members would then
+      issue different collectives. The reducer is rebuilt with `find_unused_parameters=True`, as
+      `p2pgen.torch.DistributedDataParallel` does (see its docstring): a layout that is a function of the
+      model alone, never rebuilt. This is the rebuild torch's own `__setstate__` does after unpickling.
+    - without a comm hook the reducer divides gradients by the world size it first saw; `average_hook`
+      averages over the members of each step's generation instead (a hook the script registered is kept).
+
+    What stays torch's: gradients are averaged (write the loss as the mean over the local batch, as for any
+    DDP script); buffers are broadcast from rank 0 before each forward (`broadcast_buffers`), in the step."""
+    if isinstance(ddp, DistributedDataParallel):
+        return                                     # p2pgen's own: built this way
+    if not isinstance(ddp.process_group, P2PGenProcessGroup):
+        raise ValueError(f"this DistributedDataParallel runs on {ddp.process_group!r}, not on p2pgen's default "
+                         'group: build it after dist.init_process_group("p2pgen"), without process_group=')
+    if ddp.static_graph:
+        raise ValueError("static_graph=True is not supported on p2pgen: its reducer checks the graph of the "
+                         "first iterations, which a joiner runs later than the others; drop static_graph")
+    if getattr(ddp, "_adopted_by_p2pgen", False):
+        return
+    if not ddp.find_unused_parameters:
+        ddp.find_unused_parameters = True
+        parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
+        ddp._ddp_init_helper(parameters, expect_sparse_gradient,
+                             ddp._build_debug_param_to_name_mapping(parameters), False)
+    if not ddp._comm_hooks:
+        ddp.register_comm_hook(ddp.process_group, average_hook)
+    ddp._adopted_by_p2pgen = True
+
+
 class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     """torch DDP on a p2pgen group that survives generation changes.
 

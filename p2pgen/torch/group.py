@@ -33,8 +33,9 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from p2pgen.collectives import Backend, ReduceOp
+from p2pgen.collectives.backend import REDUCTIONS
 from p2pgen.errors import GenerationChanged
-from p2pgen.peer import Peer, Step
+from p2pgen.peer import Peer, Step, recognize_wrapped_errors
 from p2pgen.torch import ops
 
 BACKEND = "p2pgen"
@@ -99,11 +100,63 @@ class StepComm:
         return self.backend.subgroup(ranks)
 
 
+class Alone:
+    """The communicator of a Peer's default group before the process's first step: this process alone, rank 0
+    of a world of one (what `dist.get_rank()`/`get_world_size()` report until then). Every collective is the
+    world-of-one collective: reductions and broadcasts leave the tensor as it is, gathers and all-to-alls copy
+    the input to the output.
+
+    Why alone and not with the others: a process joins a running job at a step boundary, while the members
+    are mid-training, so there is nobody to meet before its first step; what makes the members' states equal
+    is the state pull before that step (PCCL style), not a broadcast. That is what lets an ordinary script's
+    setup run unchanged: torch's DDP checks parameter shapes and broadcasts rank 0's parameters when it is
+    built (trivially true in a world of one), and the pull then gives the joiner the job's parameters."""
+
+    rank, world, generation = 0, 1, None
+    reductions = REDUCTIONS
+
+    def all_reduce(self, buf: Any, op: Any = "sum") -> Any:
+        return buf                         # SUM, AVG, MIN, MAX, PRODUCT, BAND/BOR/BXOR of one value: itself
+
+    def broadcast(self, buf: Any, root: int) -> Any:
+        return buf
+
+    def all_gather(self, output: Any, input: Any) -> Any:
+        return _copy_whole(output, input)
+
+    def reduce_scatter(self, output: Any, input: Any, op: Any = "sum") -> Any:
+        return _copy_whole(output, input)
+
+    def all_to_all(self, output: Any, input: Any, output_splits: Any = None, input_splits: Any = None) -> Any:
+        return _copy_whole(output, input)
+
+    def barrier(self) -> None:
+        return None
+
+    def monitored_barrier(self, timeout: float, wait_all_ranks: bool = False) -> None:
+        return None
+
+
+ALONE = Alone()
+
+
+def _copy_whole(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        output.view(-1).copy_(input.reshape(-1))
+    return output
+
+
 def following(source: Any) -> Resolve:
-    """The resolver of a group that follows the generation: `source` is a Peer (its current step), a Backend
-    (always that one) or a callable returning the communicator (or None before the first generation)."""
+    """The resolver of a group that follows the generation: `source` is a Peer (its current step; `ALONE`
+    before its first one), a Backend (always that one) or a callable returning the communicator (or None
+    before the first generation)."""
     if isinstance(source, Peer):
-        return lambda: StepComm(source.current_step) if source.current_step is not None else None
+        def comm() -> Any:
+            step = source.current_step
+            if step is not None:
+                return StepComm(step)
+            return ALONE if source.stats["generations"] == 0 else None
+        return comm
     if isinstance(source, Backend):
         return lambda: source
     if callable(source):
@@ -255,6 +308,23 @@ class _Failures:
 
 
 failures = _Failures()
+
+
+class _TorchWrapped:
+    """What `with step:` asks (p2pgen.peer.WrappedErrors): a RuntimeError raised while an operation of a p2pgen
+    group failed since the step started stands for that failure (torch's reducer re-raises a hook's error
+    as a RuntimeError carrying its text only)."""
+
+    def mark(self) -> int:
+        return failures.count
+
+    def unwrap(self, error: BaseException, mark: int) -> BaseException | None:
+        if isinstance(error, RuntimeError) and failures.count != mark:
+            return failures.last
+        return None
+
+
+recognize_wrapped_errors(_TorchWrapped())
 _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
@@ -349,10 +419,10 @@ class P2PGenProcessGroup(dist.ProcessGroup):
     def _current(self) -> Any:
         comm = self._comm()
         if comm is None:
-            raise RuntimeError("torch.distributed collectives on p2pgen run inside a step: "
-                               "`for step in peer.steps(): with step: ...` (wrapping a model in DDP? use "
-                               "p2pgen.torch.DistributedDataParallel: torch's own checks and broadcasts the "
-                               "parameters when it is built, outside any step)")
+            raise RuntimeError("torch.distributed collectives on p2pgen run in a generation, and this group has "
+                               "none now: under an agent, run them inside `for step in peer.steps(): with step: "
+                               "...` (before its first step a process is a world of one; between steps it is in "
+                               "no generation)")
         return comm
 
     def _submit(self, run: ops.Run, kind: str = "") -> Work:

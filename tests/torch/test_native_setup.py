@@ -111,12 +111,63 @@ def test_an_optimizer_without_state_yet_is_refused_with_what_to_do():
 
 
 @pytest.mark.timeout(120)
-def test_torchs_own_ddp_on_the_p2pgen_group_is_told_to_use_p2pgens():
+def test_a_following_group_with_no_generation_refuses_collectives_saying_where_they_run():
     script = ("import torch, p2pgen.torch as pt\n"
-              "pt.init_process_group(lambda: None)\n"      # a following group before its first generation
+              "pt.init_process_group(lambda: None)\n"      # a following group with no generation (not a Peer)
               "try:\n    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
               "except RuntimeError as e:\n    print('ERROR', e)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=100)
     assert done.returncode == 0, done.stderr
-    assert "run inside a step" in done.stdout and "use p2pgen.torch.DistributedDataParallel" in done.stdout, (
-        done.stdout, done.stderr)
+    assert "this group has none now" in done.stdout and "peer.steps()" in done.stdout, (done.stdout, done.stderr)
+
+
+ADOPTED_DDP = """
+import json, torch, torch.distributed as dist
+import p2pgen.torch as pt
+from p2pgen.torch.group import ALONE
+pt.init_process_group(lambda: ALONE)                 # what a Peer's group is before the process's first step
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(),
+                                                                      torch.nn.Linear(4, 2)))
+twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+twin.load_state_dict(model.module.state_dict())
+before = (model.find_unused_parameters, len(model._comm_hooks))
+pt.adopt(model)
+pt.adopt(model)                                      # twice: no second hook
+x = torch.randn(6, 3)
+for _ in range(3):                                   # past the first backward, when torch would rebuild buckets
+    model.zero_grad(); twin.zero_grad()
+    model(x).pow(2).mean().backward(); twin(x).pow(2).mean().backward()
+same = all(torch.equal(a.grad, b.grad) for a, b in zip(model.module.parameters(), twin.parameters()))
+gathered = [torch.zeros(2), ]
+dist.all_gather(gathered, torch.tensor([1.5, 2.5]))
+t = torch.tensor([3.0]); dist.all_reduce(t, op=dist.ReduceOp.AVG); dist.broadcast(t, 0); dist.barrier()
+print(json.dumps({"before": before, "after": [model.find_unused_parameters, len(model._comm_hooks)],
+                  "rank": dist.get_rank(), "world": dist.get_world_size(), "same_grads": same,
+                  "rebuilt": model._has_rebuilt_buckets,
+                  "gathered": gathered[0].tolist(), "reduced": t.tolist()}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_torchs_own_ddp_builds_alone_and_is_adopted_never_rebuilding_its_buckets():
+    done = subprocess.run([sys.executable, "-c", ADOPTED_DDP], capture_output=True, text=True, cwd=ROOT,
+                          timeout=100)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["before"] == [False, 0] and got["after"] == [True, 1], got
+    assert (got["rank"], got["world"]) == (0, 1) and got["same_grads"], got
+    assert got["gathered"] == [1.5, 2.5] and got["reduced"] == [3.0], got
+    assert got["rebuilt"] is False, "torch rebuilt the buckets: a joiner would issue other collectives"
+
+
+@pytest.mark.timeout(120)
+def test_adopting_a_ddp_that_cannot_follow_generations_is_refused_with_what_to_do():
+    script = ("import torch, torch.distributed as dist, p2pgen.torch as pt\n"
+              "from p2pgen.torch.group import ALONE\n"
+              "pt.init_process_group(lambda: ALONE)\n"
+              "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), static_graph=True)\n"
+              "try:\n    pt.adopt(m)\nexcept ValueError as e:\n    print('ERROR', e)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert "static_graph=True is not supported" in done.stdout and "drop static_graph" in done.stdout, done.stdout
