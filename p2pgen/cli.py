@@ -13,6 +13,8 @@ import importlib
 import logging
 import sys
 
+from p2pgen.agent.supervisor import stop_on_sigterm
+
 COMMAND_MODULES = (
     "p2pgen.agent.cli",   # join, show, history
     "p2pgen.sim.cli",
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop_on_sigterm()    # the harnesses (chaos, stress, bench) stop what they started; `join` sets its own handlers
     return int(args.func(args) or 0)
 
 

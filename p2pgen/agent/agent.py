@@ -649,7 +649,8 @@ class Agent:
                      "voter_decision": decision.reason if decision and view.is_leader else None},
             "agent": {"peer_id": self.config.peer_id, "addr": self.addr, "instance": self.instance,
                       "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
-                      "restarts": self.restarts, "refused_connections": self.rpc.refused,
+                      "restarts": self.restarts, "leaving": self._leaving.is_set(),
+                      "refused_connections": self.rpc.refused,
                       "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},
                       "waiting": self.membership.waiting},
         }

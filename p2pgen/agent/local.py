@@ -17,7 +17,6 @@ unrecovered at a time.
 from __future__ import annotations
 
 import collections
-import ctypes
 import glob
 import json
 import os
@@ -36,6 +35,7 @@ from datetime import datetime
 from typing import IO
 
 from p2pgen.agent.agent import PORTS_PER_AGENT
+from p2pgen.agent.supervisor import die_with_parent, stop_on_sigterm
 from p2pgen.auth import read_secret_file
 from p2pgen.errors import P2PGenError
 from p2pgen.stress.progress import ENV as PROGRESS_ENV
@@ -47,21 +47,6 @@ LAST_FAULT_FRACTION = 0.8      # no fault after this share of --steps: the last 
 MAX_FAULTS_IN_FLIGHT = 2       # unrecovered faults at a time (the job keeps at least N-2 members training)
 LINGER_AFTER_DONE_S = 10.0     # how long agents with no job left may wait once another agent ended
 STDERR_TAIL = 12               # lines of each agent's stderr kept for the failure report
-PR_SET_PDEATHSIG = 1
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _die_with(runner_pid: int) -> None:
-    """In the agent's child process, before exec: SIGTERM (a graceful leave) when the runner dies, even by
-    SIGKILL; and if the runner already died between fork and here, exit at once."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != runner_pid:
-        os._exit(1)
-
-
 def _now() -> str:
     return datetime.now().strftime("%H:%M:%S.%f")[:-3]
 
@@ -155,7 +140,7 @@ class LocalJob:
         return path
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM stops the agents like Ctrl-C does
+        stop_on_sigterm()                              # SIGTERM stops the agents like Ctrl-C does
         try:
             for i in range(self.n):
                 self._start_agent(i, initial=True)
@@ -207,7 +192,7 @@ class LocalJob:
         runner = os.getpid()
         proc = subprocess.Popen(cmd, env=env, start_new_session=True,    # Ctrl-C reaches only this process
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=lambda: _die_with(runner))
+                                preexec_fn=lambda: die_with_parent(signal.SIGTERM, runner))   # a graceful leave
         relay = _Relay(proc, f"[peer{i}] ")
         self.agents[i] = proc
         self.relays[i] = relay

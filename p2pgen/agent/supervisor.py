@@ -22,8 +22,23 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """In a child process, before exec: get `sig` when the thread that started it dies, even by SIGKILL (so the
+    caller must start it from a thread that lives as long as it does); with `parent` (the starter's pid, read
+    before the fork), exit at once if the starter already died between the fork and here."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends this process the way Ctrl-C does (KeyboardInterrupt), so its `finally` blocks stop what it
+    started; without it SIGTERM ends Python at once and the children are left running."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def describe_status(status: int) -> tuple[str, bool]:
@@ -47,7 +62,7 @@ class Application:
         self.exited = threading.Event()
         self.stopped = False
         # Must be called from a thread that lives as long as the agent: PDEATHSIG follows the forking thread.
-        self._proc = subprocess.Popen(command, env={**os.environ, **env}, preexec_fn=_die_with_parent)
+        self._proc = subprocess.Popen(command, env={**os.environ, **env}, preexec_fn=die_with_parent)
         self.pid = self._proc.pid
         self._callbacks = (on_stop, on_continue, on_exit)
         threading.Thread(target=self._wait, name=f"waitpid-{self.pid}", daemon=True).start()

@@ -47,10 +47,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from p2pgen.agent.client import AgentClient
 from p2pgen.chaos import model, policies
 from p2pgen.chaos.schedule import ANY_PEER, STALE_BACK, Injection
 from p2pgen.collectives import tcp
 from p2pgen.core.voters import majority_up
+from p2pgen.errors import P2PGenError
 from p2pgen.state import SharedState, shardpull, wire
 from p2pgen.state.keeper import ENV_LOCAL
 from p2pgen.state.pull import PullConfig
@@ -207,7 +209,7 @@ class Injector:
     def _kill_two_agents(self) -> None:
         """Ours and a second agent, TWO_AGENTS_GAP_S apart: the second one chosen so that a majority of the
         voters stays up (a non-voter when ours votes), under the same guard as every agent kill."""
-        raft = self._raft_after_repair(lambda raft: {_own_agent(), self._second_victim(raft)})
+        raft = self._raft_after_repair(lambda raft: {_own_agent(), self._second_victim(raft) or ""})
         if raft is None:
             return
         other = self._second_victim(raft)
@@ -223,21 +225,37 @@ class Injector:
         others = sorted((a for a in self._agents() if a != mine), key=lambda a: (mine in voters and a in voters, a))
         return others[0] if others else None
 
-    def _raft_after_repair(self, victims: Callable[[dict], set[str | None]]) -> dict | None:
+    def _raft_after_repair(self, victims: Callable[[dict], set[str]]) -> dict | None:
         """The guard of every agent kill (the harness's rule: never more than a minority of the voters down):
-        the agent's Raft view once the voters whose agents it hears, less the `victims` agents, are a majority
-        of the voters (at once when the view does not say who votes). Right after another voter was lost they
-        may not be (a dead voter not removed yet): wait up to VOTER_REPAIR_WAIT_S for the repair; None if it
-        does not come (the kill is then skipped and logged)."""
+        this agent's Raft view, asked now, once the voters that are up, less the `victims` agents, are a
+        majority of the voters (at once when the view does not say who votes). A voter is up when its agent
+        answers, still runs that voter node and is not leaving (`voter_is_up`): the Peer's copy of the view is
+        up to a second old and an agent killed, replaced or leaving a moment ago is still heard. Right after
+        another voter was lost they may not be a majority (a dead voter not removed yet): wait up to
+        VOTER_REPAIR_WAIT_S for the repair; None if it does not come (the kill is then skipped and logged)."""
         deadline = time.monotonic() + VOTER_REPAIR_WAIT_S
         while True:
-            raft = self.peer._view["raft"] if self.peer else {}
-            if _majority_outlives(raft, victims(raft)):
+            raft = self._raft_now()
+            if raft is not None and voters_outlive(raft, victims(raft), self._voter_is_up):
                 return raft
             if time.monotonic() >= deadline:
                 self.log("kill_skipped", reason="the voters could not lose these agents and keep a majority")
                 return None
             time.sleep(0.1)
+
+    def _raft_now(self) -> dict | None:
+        try:
+            return self.peer.agent.show()["raft"] if self.peer else {}
+        except (P2PGenError, OSError):
+            return None
+
+    def _voter_is_up(self, voter: dict) -> bool:
+        try:
+            with AgentClient(voter["agent"], self.peer.secret, job=self.peer.job, timeout=0.5) as client:
+                shown = client.show()
+        except (P2PGenError, OSError):
+            return False
+        return shown["raft"].get("self") == voter["node"] and not shown["agent"].get("leaving")
 
     def _request_partition(self, inj: Injection) -> None:
         """Ask the harness (which knows every address of the run) to cut a minority of one agent off: ours, or
@@ -265,13 +283,13 @@ def _own_agent() -> str:
     return os.environ["P2PGEN_AGENT"]
 
 
-def _majority_outlives(raft: dict, victims: set[str | None]) -> bool:
-    """Whether the voters whose agents this agent hears, less the `victims` agents, are still a majority of the
-    voters (True when the view does not say who votes)."""
+def voters_outlive(raft: dict, victims: set[str], is_up: Callable[[dict], bool]) -> bool:
+    """Whether the voters of `raft` (a `show` view) that are up, less those whose agents are `victims`, are still
+    a majority of the voters (True when the view does not say who votes)."""
     if "voters" not in raft:
         return True
-    live = set(raft.get("agents", ())) - victims
-    return majority_up(len(raft["voters"]), sum(v["agent"] not in live for v in raft["voters"]))
+    voters = raft["voters"]
+    return majority_up(len(voters), sum(v["agent"] in victims or not is_up(v) for v in voters))
 
 
 def _wipe_local_copy() -> None:

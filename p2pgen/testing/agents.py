@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.client import AgentClient
+from p2pgen.agent.supervisor import die_with_parent
 
 PORT_LOW, PORT_HIGH = 20000, 32000
 # restart-all (torchrun's policy) rolls back to its checkpoint, or to revision 0 before the first one, by
@@ -124,9 +125,11 @@ class Cluster:
         cmd += [f"--peer={p}" for p in peers]
         if command:
             cmd += ["--", *command]
-        with open(log, "ab") as out:
+        runner = os.getpid()
+        with open(log, "ab") as out:     # the agent dies with this process, even if it is SIGKILLed
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, **env} if env else None)
+                                    env={**os.environ, **env} if env else None,
+                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL, runner))
         agent = AgentProc(peer_id, addr, proc, log)
         self.agents[peer_id] = agent
         self.started.append(agent)
