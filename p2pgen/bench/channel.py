@@ -4,7 +4,7 @@ from the log) cost when nothing fails?
 
 Part 1, faults: for each fault (F1 receiver SIGKILL + restart, F2 sender self-abort, F3 receiver
 SIGSTOP 100-800 ms), message size and mode (naive, batched, exactly_once), one stream with `injections`
-faults at random points (`p2pgen.channel.harness.run_cell`); losses and duplicates come from the
+faults at random points (`p2pgen.testing.channels.run_cell`); losses and duplicates come from the
 receiver's consumption log. Part 2, fault-free throughput of `naive` (no dedup) and `exactly_once`
 (dedup), interleaved run by run so both see the same machine load; the overhead is the ratio of the
 medians, measured in this run.
@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from p2pgen.channel.config import BATCHED, EXACTLY_ONCE, NAIVE
-from p2pgen.channel.harness import FAULTS, Cell, cell_json, run_cell, throughput
+from p2pgen.testing.channels import FAULTS, Cell, cell_json, run_cell, throughput
 
 MODES = (NAIVE, BATCHED, EXACTLY_ONCE)
 SIZES = (16, 64 << 10)

@@ -9,7 +9,7 @@ Owns four sections, each reported as a table and under its own JSON key:
    under restart-all (every application restarts and reloads a checkpoint, as torchrun does). Read from
    the applications' traces: fault -> next generation active, -> first commit of every survivor,
    -> every survivor past the pre-fault revision (time lost), and the steps rolled back.
-3. `catchup`: `p2pgen.state.bench.catchup_throughput` (pull vs raw loopback TCP, same run).
+3. `catchup`: `p2pgen.bench.catchup.catchup_throughput` (pull vs raw loopback TCP, same run).
 4. `step_overhead`: `p2pgen.bench.apps.noop`: a step through `peer.steps()` vs a bare all-reduce, in
    one process and one generation.
 Invariant: every process a section starts is stopped by pid before the section returns (`Cluster`);
@@ -353,7 +353,7 @@ def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float) 
 # --- 3. catch-up throughput ----------------------------------------------------------------------------
 
 def run_catchup(plan: Plan) -> list[dict[str, Any]]:
-    from p2pgen.state.bench import catchup_throughput
+    from p2pgen.bench.catchup import catchup_throughput
 
     return [catchup_throughput(size, sources) for size, sources in plan.catchup]
 

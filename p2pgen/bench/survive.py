@@ -5,7 +5,7 @@ Two sections, each printed beside its baseline measured in the same run:
 1. `copies` (one process, no agents), per state size: the cost a commit pays to save the local copy
    (hash + copy into tmpfs), the time to verify and load that copy into a new process's state, to write
    and to load a checkpoint, and, as the baseline a restarted member without a copy pays, a pull of the
-   same bytes from a source process over loopback (`p2pgen.state.bench.catchup_throughput`).
+   same bytes from a source process over loopback (`p2pgen.bench.catchup.catchup_throughput`).
 2. `killall` (real agents): 3 members train `p2pgen.bench.apps.survive` (S MB of state); every
    application is SIGKILLed at once (their agents live), `trials` times per configuration:
    - `local copy` (the default): the new incarnations resume from their host's copy;
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from p2pgen.state import LocalCopy, SharedState, list_checkpoints, load_checkpoint, write_checkpoint
-from p2pgen.state.bench import catchup_throughput
+from p2pgen.bench.catchup import catchup_throughput
 from p2pgen.testing.agents import Cluster, free_control_ports
 
 PEERS = ("s0", "s1", "s2")

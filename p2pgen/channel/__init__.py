@@ -2,8 +2,8 @@
 
 Layers: `wire` (frame kinds on the transport's stamped, checksummed header; receive slots) and `log`
 (the receiver's consumption log) are pure formats; `receiver` (ChannelListener, ChannelReceiver, Message)
-and `sender` (Channel) move messages and recover; `harness` runs them as real processes for fault tests,
-the benchmark and the example.
+and `sender` (Channel) move messages and recover. `p2pgen.testing.channels` runs them as real processes for
+the fault tests and `p2pgen bench channel`.
 
 Contract: a message counts as done only when the receiving application called `Message.consumed()`;
 the sender's own completion never does. `naive` and `batched` modes trust completion instead, and exist

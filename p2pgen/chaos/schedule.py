@@ -98,10 +98,6 @@ class Schedule:
         return {"seed": self.seed, "index": self.index, "members": self.members, "steps": self.steps,
                 "injections": [asdict(i) for i in self.injections]}
 
-    @classmethod
-    def from_json(cls, d: dict) -> "Schedule":
-        return cls(d["seed"], d["index"], d["members"], d["steps"], tuple(Injection(**i) for i in d["injections"]))
-
 
 def smoke() -> list[Schedule]:
     """The CI schedules: fixed, short, and aimed where a policy without a frontier must fail (a member

@@ -1,7 +1,8 @@
 """Collectives over the data plane: the `Backend` protocol and its `tcp` implementation (CPU ring).
 
-Public names: Backend, ReduceOp, TcpBackend. A later `nccl` backend implements the same protocol and
-passes the same conformance suite (`p2pgen.testing.conformance`).
+Public names: Backend, ReduceOp, TcpBackend. `p2pgen.collectives.nccl.NcclBackend` (GPUs, CuPy NCCL) and
+`p2pgen.collectives.staged.HostStagedBackend` implement the same protocol and pass the same conformance
+suite (`p2pgen.testing.conformance`); they are imported only where used (CuPy is optional).
 """
 
 from p2pgen.collectives.backend import Backend, ReduceOp

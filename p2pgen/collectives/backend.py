@@ -92,9 +92,22 @@ def splits(given: Sequence[int] | None, total: int, world: int, what: str) -> li
 
 @runtime_checkable
 class Backend(Protocol):
+    """The communicator of one generation on one member: everything the Peer and p2pgen.torch use of it.
+    Implemented by TcpBackend (CPU ring), NcclBackend (GPUs) and HostStagedBackend (device tensors through
+    host memory); the conformance suite (`p2pgen.testing.conformance`) holds them to the same contract."""
+
     rank: int
     world: int
     generation: int
+    group: Any                  # the Group (endpoints and this member's rank) the backend was built for
+
+    @property
+    def op_seq(self) -> int: ...            # collectives issued so far (traced with every step's collectives)
+
+    @property
+    def failed(self) -> str | None: ...     # why the backend failed (a lost peer, an abort), or None
+
+    def connect(self) -> None: ...           # make the generation's links now rather than on first use
 
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any: ...
 

@@ -18,16 +18,15 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 from p2pgen import auth, faults
 from p2pgen.errors import GenerationChanged, P2PGenError, PeerLost
 from p2pgen.transport import handshake
+from p2pgen.transport.config import TransportConfig
 from p2pgen.transport.connection import Connection
 from p2pgen.transport.group import Group
-
-if TYPE_CHECKING:
-    from p2pgen.transport.transport import Transport
+from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,20 @@ PROVED = "proved"
 UNKNOWN = "unknown"
 
 
+class Owner(Protocol):
+    """What a session needs of the Transport that opened it (so this module does not import that one)."""
+
+    config: TransportConfig
+    key: bytes
+    counters: RejectCounters
+
+    def new_socket(self) -> socket.socket: ...
+
+    def retire(self, session: "Session") -> None: ...
+
+
 class Session:
-    def __init__(self, transport: "Transport", group: Group) -> None:
+    def __init__(self, transport: Owner, group: Group) -> None:
         self.group = group
         self.config = transport.config
         self._transport = transport

@@ -7,7 +7,7 @@ import pytest
 
 from p2pgen import cli
 from p2pgen.bench.channel import Throughput, format_faults, format_throughput
-from p2pgen.channel.harness import Cell
+from p2pgen.testing.channels import Cell
 
 
 def test_fault_table_divides_by_recoveries_and_sums_per_mode():

@@ -24,7 +24,6 @@ def test_generated_schedules_inject_every_partition_kind_healed_after_1_to_10_s(
     assert all(kinds[k] > 0 for k in PARTITIONS)
     assert all(1.0 <= i.heal_s <= 10.0 for i in injections if i.kind in PARTITIONS)
     assert all(i.heal_s == 0.0 for i in injections if i.kind not in PARTITIONS)
-    assert Schedule.from_json(generate(2, 1, 6)[0].to_json()) == generate(2, 1, 6)[0]
 
 
 @pytest.mark.timeout(300)

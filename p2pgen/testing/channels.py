@@ -9,7 +9,7 @@ seq-stamped, self-checking messages while this process, acting as the agent, inj
         trip recovery).
 When the stream ends, the receiver's consumption log (append-only, every consumption recorded) is the
 ground truth: a loss is a number below the stream length missing from it, a duplicate is a repeated
-record. The worker processes (`python -m p2pgen.channel.harness sender|receiver ...`) take commands on
+record. The worker processes (`python -m p2pgen.testing.channels sender|receiver ...`) take commands on
 stdin and answer on stdout, one line each.
 
 Invariants: every process this harness starts is stopped (SIGCONT, then SIGKILL, by pid) before a cell
@@ -150,7 +150,7 @@ class Worker:
     """A worker process with its stdout read into a queue of lines."""
 
     def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "p2pgen.channel.harness", *argv],
+        self.proc = subprocess.Popen([sys.executable, "-m", "p2pgen.testing.channels", *argv],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -337,7 +337,7 @@ def cell_json(cell: Cell) -> dict:
 
 # ---- entry point of the worker processes ------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m p2pgen.channel.harness")
+    p = argparse.ArgumentParser(prog="python -m p2pgen.testing.channels")
     sub = p.add_subparsers(dest="role", required=True)
     r = sub.add_parser("receiver")
     r.add_argument("--log-dir", required=True)
