@@ -17,7 +17,7 @@ from p2pgen.agent.supervisor import stop_on_sigterm
 
 COMMAND_MODULES = (
     "p2pgen.agent.cli",   # join, show, history
-    "p2pgen.sim.cli",
+    "p2pgen.simulator.cli",
     "p2pgen.bench.cli",
     "p2pgen.chaos.cli",
     "p2pgen.stress.cli",  # stress, check-traces

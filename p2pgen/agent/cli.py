@@ -17,9 +17,9 @@ import time
 from datetime import datetime
 from typing import Any
 
+from p2pgen.agent.detectflags import add_detector_arguments, config_from_args
 from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, state_flags
 from p2pgen.auth import SecretError, load_secret, read_secret_file
-from p2pgen.detect import add_detector_arguments, config_from_args
 
 DEMO_STEP_DELAY_S = 0.5      # `join --local --chaos --steps`: a step paced like (small) real training
 

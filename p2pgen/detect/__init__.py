@@ -1,14 +1,13 @@
 """Failure detection: which peers to suspect, decided by a pure function over heartbeat histories.
 
 Layers: `config` (validated parameters) <- `history` (per-peer arrivals, no clock) <- `decision`
-(`suspects(now, history, config)`, pure) <- `args` (the CLI flags). The agent records heartbeats and
-calls `suspects` every tick; `p2pgen.sim` calls the very same function inside its churn simulation.
+(`suspects(now, history, config)`, pure); the CLI flags are `p2pgen.agent.detectflags`. The agent records heartbeats and
+calls `suspects` every tick; `p2pgen.simulator` calls the very same function inside its churn simulation.
 Detection of an application that exits or stops is immediate and lives in the agent, not here.
 Invariant kept by every kind: never suspect a peer heard from within `floor`; always suspect one silent
 for longer than `timeout`.
 """
 
-from p2pgen.detect.args import add_detector_arguments, config_from_args
 from p2pgen.detect.config import KINDS, DetectorConfig
 from p2pgen.detect.decision import MIN_STD_FRACTION, judge, phi, suspects
 from p2pgen.detect.history import HeartbeatHistory, PeerStats
@@ -19,8 +18,6 @@ __all__ = [
     "DetectorConfig",
     "HeartbeatHistory",
     "PeerStats",
-    "add_detector_arguments",
-    "config_from_args",
     "judge",
     "phi",
     "suspects",

@@ -10,7 +10,7 @@ import pytest
 
 from p2pgen import cli
 from p2pgen.bench import recovery
-from p2pgen.sim.costs import load_costs
+from p2pgen.simulator.costs import load_costs
 
 pytestmark = pytest.mark.timeout(90)
 

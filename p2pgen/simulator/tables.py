@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from p2pgen.detect import DetectorConfig, config_from_args
-from p2pgen.sim.costs import RecoveryCosts
-from p2pgen.sim.engine import simulate
-from p2pgen.sim.model import Scenario, fixed_detector
+from p2pgen.agent.detectflags import config_from_args
+from p2pgen.detect import DetectorConfig
+from p2pgen.simulator.costs import RecoveryCosts
+from p2pgen.simulator.engine import simulate
+from p2pgen.simulator.model import Scenario, fixed_detector
 
 # The seed's published figures: timeout -> (detect lat, FP rate, overhead); MTBF -> (failures/100, goodput).
 SEED_TIMEOUT_ROWS = {0.5: (0.25, 0.285, 0.3297), 2.0: (1.75, 0.018, 0.0926), 5.0: (4.75, 0.001, 0.1360)}

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from p2pgen.detect import DetectorConfig, add_detector_arguments, config_from_args
+from p2pgen.agent.detectflags import add_detector_arguments, config_from_args
+from p2pgen.detect import DetectorConfig
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

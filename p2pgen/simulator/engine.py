@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from p2pgen.detect import HeartbeatHistory, suspects
-from p2pgen.sim.model import Scenario
+from p2pgen.simulator.model import Scenario
 
 STREAMS = ("failure", "pause", "victim", "heartbeat", "loss")
 # hang: a death until its detection; evict/rejoin: the generation changes a death causes; false-*: those a

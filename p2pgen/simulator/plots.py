@@ -18,9 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from p2pgen.sim.engine import Run  # noqa: E402
-from p2pgen.sim.report import P2PGEN_MTBF, ChurnResult, DetectorResult  # noqa: E402
-from p2pgen.sim.tables import (  # noqa: E402
+from p2pgen.simulator.engine import Run  # noqa: E402
+from p2pgen.simulator.report import P2PGEN_MTBF, ChurnResult, DetectorResult  # noqa: E402
+from p2pgen.simulator.tables import (  # noqa: E402
     FIXED_ROW, MTBFS, P2PGEN_ROW, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS, TIMEOUTS,
     agent_default_detector, describe_detector,
 )

@@ -1,4 +1,5 @@
-"""Command-line parameters of the detector, shared by `p2pgen join` and `p2pgen sim`.
+"""Command-line parameters of the detector, shared by `p2pgen join` and `p2pgen sim` (kept out of
+`p2pgen.detect`, which stays pure: configs and decisions, no argparse).
 
 Owns: the flag names, their defaults (those of `DetectorConfig`) and the conversion back to a config.
 Invariant: `config_from_args` returns a valid `DetectorConfig` or raises ValueError saying which flag to fix.

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from p2pgen.sim.report import RunSpec
+    from p2pgen.simulator.report import RunSpec
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -42,8 +42,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> RunSpec:
-    from p2pgen.sim.costs import load_costs
-    from p2pgen.sim.report import RunSpec
+    from p2pgen.simulator.costs import load_costs
+    from p2pgen.simulator.report import RunSpec
 
     if args.runs < 1 or args.duration <= 0:
         raise ValueError("--runs must be >= 1 and --duration positive")
@@ -51,7 +51,7 @@ def _spec(args: argparse.Namespace) -> RunSpec:
 
 
 def detector_command(args: argparse.Namespace) -> int:
-    from p2pgen.sim.report import detector_json, detector_text, run_detector
+    from p2pgen.simulator.report import detector_json, detector_text, run_detector
 
     try:
         result = run_detector(_spec(args))
@@ -60,14 +60,14 @@ def detector_command(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(detector_json(result), indent=2) if args.json else detector_text(result))
     if args.plot:
-        from p2pgen.sim.plots import detector_figure
+        from p2pgen.simulator.plots import detector_figure
 
         detector_figure(result, args.plot)
     return 0
 
 
 def churn_command(args: argparse.Namespace) -> int:
-    from p2pgen.sim.report import churn_json, churn_text, morph_runs, run_churn
+    from p2pgen.simulator.report import churn_json, churn_text, morph_runs, run_churn
 
     try:
         spec = _spec(args)
@@ -77,7 +77,7 @@ def churn_command(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(churn_json(result), indent=2) if args.json else churn_text(result))
     if args.plot:
-        from p2pgen.sim.plots import churn_figure
+        from p2pgen.simulator.plots import churn_figure
 
         churn_figure(result, morph_runs(result), args.plot)
     return 0

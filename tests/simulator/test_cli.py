@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from p2pgen.sim import cli
-from p2pgen.sim.costs import load_costs
+from p2pgen.simulator import cli
+from p2pgen.simulator.costs import load_costs
 
 FAST = ["--runs", "1", "--duration", "400"]
 
@@ -70,7 +70,7 @@ def test_costs_default_to_the_stated_assumption():
 def join_defaults():
     """The detector an agent started by `p2pgen join` with no detector flag runs."""
     from p2pgen.agent.cli import add_commands
-    from p2pgen.detect import config_from_args
+    from p2pgen.agent.detectflags import config_from_args
 
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers(dest="command"))
@@ -78,8 +78,8 @@ def join_defaults():
 
 
 def test_the_p2pgen_row_runs_the_detector_p2pgen_join_runs_by_default(capsys):
-    from p2pgen.sim.costs import assumed_costs
-    from p2pgen.sim.tables import FIXED_ROW, P2PGEN_ROW, ladder
+    from p2pgen.simulator.costs import assumed_costs
+    from p2pgen.simulator.tables import FIXED_ROW, P2PGEN_ROW, ladder
 
     joined = join_defaults()
     rows = ladder(assumed_costs(), 2.0, 100.0)

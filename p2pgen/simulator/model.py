@@ -1,7 +1,7 @@
 """What a churn simulation assumes: one `Scenario` holds every parameter, with its unit and meaning.
 
 Owns: the scenario parameters and the transient-silence distribution. Invariant: a `Scenario` is
-immutable and fully determines a run together with the seed (`p2pgen.sim.engine.simulate`).
+immutable and fully determines a run together with the seed (`p2pgen.simulator.engine.simulate`).
 Times are in seconds. Rates are for the whole cluster (the seed counts failures per 100 s of the job).
 """
 
