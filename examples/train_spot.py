@@ -13,8 +13,8 @@ SharedState. A killed peer's replacement pulls the state from the others before 
 At the end every peer writes one JSON summary to $P2PGEN_SUMMARY_DIR if set (`join --local` prints them as
 one table), or else prints it as one line (`summary {...}`): generations seen, steps committed and discarded,
 seconds spent between generations, final digest.
-Under `p2pgen stress` it also reports every committed step and stops at the revision the harness asks
-for (`Progress`, a no-op elsewhere).
+Under `p2pgen stress` and `join --local --chaos` its Peer reports every committed step and ends `steps()`
+at the revision the harness asks for (nothing in this script: `peer.progress`, a no-op elsewhere).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import time
 import torch
 
 import p2pgen
-from p2pgen.stress.progress import Progress     # reports committed steps to `p2pgen stress`; a no-op elsewhere
 
 GLOBAL_BATCH = 64
 IN, HIDDEN, OUT = 16, 32, 4
@@ -86,10 +85,9 @@ def main() -> None:
 
     state = build_state(args.seed)
     peer = p2pgen.join(state=state)
-    progress = Progress.from_env(peer)
     started, last_loss = time.monotonic(), float("nan")
     for step in peer.steps():
-        if state.revision >= min(args.steps, progress.stop_revision()):
+        if state.revision >= args.steps:
             break
         with step:
             x, y = shard(args.seed, step.revision, step.rank, step.world)
@@ -99,8 +97,6 @@ def main() -> None:
             last_loss = float(flat[-1])
             apply_update(state, flat[:-1], args.lr, args.momentum)
             step.commit()
-        if step.committed:
-            progress.committed(step)
     summary = {"peer": peer.peer_id, "incarnation": peer.incarnation, "revision": state.revision,
                "digest": state.digest(), "loss": last_loss, "seconds": round(time.monotonic() - started, 3),
                **peer.stats}
@@ -110,7 +106,6 @@ def main() -> None:
             json.dump(summary, f)
     else:
         print("summary " + json.dumps(summary), flush=True)
-    progress.close()
     peer.close()
 
 

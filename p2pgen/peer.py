@@ -60,6 +60,7 @@ from p2pgen.state import (
     CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, pull_state,
 )
 from p2pgen.state.shardpull import pull_shards
+from p2pgen.stress.progress import Progress
 from p2pgen.transport import Endpoint, Group, Transport
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,7 @@ class Peer:
         self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
         self._watcher.start()
         self.stats = {"generations": 0, "steps_committed": 0, "steps_discarded": 0, "seconds_between": 0.0}
+        self.progress = Progress.from_env(self)    # committed steps for `join --local --chaos` and `p2pgen stress`
         global _current
         _current = self
 
@@ -246,6 +248,8 @@ class Peer:
         """Steps of the current generation, forever; crosses generation changes transparently.
         Ends when `close()` was called; raises `Evicted` or `AgentLost` (see the module docstring)."""
         while not self._closed.is_set():
+            if self.state.revision >= self.progress.stop_revision():
+                break                              # the harness asked every member to end at this revision
             if self.backend is None or self._switch_to is not None or self._backend_dead():
                 self._enter_next_generation()
             if self.backend is None:               # closed while between generations
@@ -255,6 +259,7 @@ class Peer:
             yield step
             if step.committed:
                 self.stats["steps_committed"] += 1
+                self.progress.committed(step)
             else:
                 self.stats["steps_discarded"] += 1
         if self._lost is not None:
@@ -344,6 +349,7 @@ class Peer:
         self.transport.close()
         self.agent.close()
         self.trace.close()
+        self.progress.close()
 
     # --- between generations -------------------------------------------------------------------------
 

@@ -164,8 +164,12 @@ class RpcServer:
             self._conns.pop(sock, None)
 
     def _refuse(self, peer: tuple, reason: str, detail: str) -> None:
+        """Count the refusal and log it: a warning for what an operator should look at (a wrong secret, a
+        malformed request); a handshake cut short is routine under churn (its dialer died or gave up) and is
+        logged at INFO, counted all the same (`show` lists every reason)."""
         self.counters.add(reason)
-        log.warning("refused control connection from %s (%s): %s", peer, reason, detail)
+        level = logging.INFO if reason == "truncated" else logging.WARNING
+        log.log(level, "refused control connection from %s (%s): %s", peer, reason, detail)
 
     def _serve(self, sock: socket.socket, peer: tuple) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -84,7 +84,7 @@ class VoterManager:
                                frozenset(a for a, until in self._held_back.items() if until > now))
         self.last_decision = decision
         if decision.action == "remove":
-            log.warning("removing Raft voter: %s", decision.reason)
+            log.info("removing Raft voter: %s", decision.reason)     # routine self-repair: nothing to do
             node.remove_node(decision.target, timeout=3.0)
             log.info("removed Raft voter %s", decision.target)
         elif decision.action == "promote":

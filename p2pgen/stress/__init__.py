@@ -2,7 +2,7 @@
 
 Layout, bottom up:
 - `progress`  the file protocol between a training application and the harness: committed steps
-              reported, one stop revision asked (`examples/train_spot.py` uses it);
+              reported, one stop revision asked (the Peer does both for every application);
 - `plan`      the seeded fault plan: which action next, on whom, under the minority rule (pure);
 - `verdict`   stall, recovery, regressions, digest checks and pass/fail from what a run left (pure);
 - `harness`   one run on real agent processes;

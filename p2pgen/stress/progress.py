@@ -25,8 +25,9 @@ STOP = "stop"
 
 
 class Progress:
-    """The application side. `Progress.from_env()`; then `committed(step)` after each committed step,
-    and stop the loop once `state.revision >= progress.stop_revision()`."""
+    """The application side, owned by the Peer (`peer.progress`): it reports every committed step of
+    `peer.steps()` and ends the loop once the state reached `stop_revision()`, so any application, an
+    ordinary torch script included, is counted by `join --local --chaos` and `p2pgen stress` unchanged."""
 
     def __init__(self, directory: str | None, peer_id: str, incarnation: int) -> None:
         self._dir = directory
