@@ -2,7 +2,7 @@
 
 Run it under agents, which restart a killed process as a new incarnation:
 
-    p2pgen join --local 3 --chaos 2 --steps 200 -- python examples/ddp_elastic.py
+    p2pgen join --local 3 --chaos 20 --steps 100 -- python examples/ddp_elastic.py
 
 It is torch's idiom: `dist.init_process_group("p2pgen")` (no other argument: the agent's environment says
 everything, and the backend joins the job), torch's own `DistributedDataParallel(model)`, a mean loss over
