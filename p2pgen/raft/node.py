@@ -72,15 +72,21 @@ class RaftTiming:
                                       # next thing Raft does on a clock (the leader's append, a follower's election)
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
+    leaderless_pause: float = 0.05    # retry of a command refused because no leader is known (see `conf`)
 
     def conf(self, bind: str | None, password: str, on_state_changed=None) -> SyncObjConf:
+        """pysyncobj's settings. `commandsWaitLeader=False`: with True, a command submitted while no leader is
+        known waits in pysyncobj's own queue with no deadline and is sent once a leader appears, even after
+        `submit` raised RaftUnavailable; a minority node cut off for seconds then had its timed-out commands
+        committed by the majority after the heal. With False it fails at once and RaftNode retries it
+        itself, within the caller's deadline only."""
         return SyncObjConf(
             autoTick=False, appendEntriesPeriod=self.append_period,
             raftMinTimeout=self.election_min, raftMaxTimeout=self.election_max,
             connectionTimeout=max(1.0, self.election_max), connectionRetryTime=0.1,
             leaderFallbackTimeout=max(0.5, 3 * self.append_period), dynamicMembershipChange=True,
             bindAddress=bind, password=password, journalFile=None, fullDumpFile=None,
-            commandsWaitLeader=True, onStateChanged=on_state_changed,
+            commandsWaitLeader=False, onStateChanged=on_state_changed,
         )
 
 
@@ -382,7 +388,8 @@ class RaftNode:
             self._finish(request, result=None)      # leadership already moved: nothing left to transfer
         else:
             log.debug("%s attempt %d failed (reason %s); retrying", request.kind, attempt, error)
-            request.retry_at = time.monotonic() + self.timing.retry_pause
+            pause = self.timing.leaderless_pause if error == FAIL_REASON.MISSING_LEADER else self.timing.retry_pause
+            request.retry_at = time.monotonic() + pause
 
     def _membership_already_done(self, request: _Request) -> bool:
         """A denied membership change whose effect is already in the configuration succeeded earlier
