@@ -36,15 +36,17 @@ def unwrap_errors(group: P2PGenProcessGroup | None = None) -> Iterator[None]:
     p2pgen group when None: DDP's, FSDP2's generation group, subgroups) failed are translated; any other
     exception passes unchanged.
     """
-    record = group or _group.failures
-    count = record.failures if group is not None else record.count
+    count = group.failures if group is not None else _group.failures.mark()
     try:
         yield
     except P2PGenError:
         raise
     except RuntimeError as e:
-        now, last = (group.failures, group.last_failure) if group is not None else (record.count, record.last)
-        if now != count and last is not None:
+        if group is not None:
+            last = group.last_failure if group.failures != count else None
+        else:
+            last = _group.failures.unwrap(e, count)
+        if last is not None:
             raise last from e
         raise
 

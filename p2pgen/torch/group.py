@@ -296,7 +296,9 @@ class _FromSource:
 
 
 class _Failures:
-    """Every failed operation of every p2pgen group of this process (what `unwrap_errors()` looks at)."""
+    """Every failed operation of every p2pgen group of this process. It is what `unwrap_errors()` and `with
+    step:` (p2pgen.peer.WrappedErrors) look at: a RuntimeError raised while an operation failed since `mark()`
+    stands for that failure (torch's reducer re-raises a hook's error as a RuntimeError carrying its text only)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -306,25 +308,17 @@ class _Failures:
         self.last = error
         self.count += 1
 
-
-failures = _Failures()
-
-
-class _TorchWrapped:
-    """What `with step:` asks (p2pgen.peer.WrappedErrors): a RuntimeError raised while an operation of a p2pgen
-    group failed since the step started stands for that failure (torch's reducer re-raises a hook's error
-    as a RuntimeError carrying its text only)."""
-
     def mark(self) -> int:
-        return failures.count
+        return self.count
 
     def unwrap(self, error: BaseException, mark: int) -> BaseException | None:
-        if isinstance(error, RuntimeError) and failures.count != mark:
-            return failures.last
+        if isinstance(error, RuntimeError) and self.count != mark:
+            return self.last
         return None
 
 
-recognize_wrapped_errors(_TorchWrapped())
+failures = _Failures()
+recognize_wrapped_errors(failures)
 _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
