@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
-import socketserver
 import struct
-import threading
 from typing import Any, Callable
 
 import msgpack
@@ -26,6 +24,7 @@ import msgpack
 from p2pgen import faults
 from p2pgen.auth import derive_key, insecure_default_secret, new_nonce, prove, verify
 from p2pgen.errors import AuthenticationError, P2PGenError, ProtocolError
+from p2pgen.listener import Listener
 from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,6 @@ log = logging.getLogger(__name__)
 MAX_FRAME = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
 Handler = Callable[[dict[str, Any]], Any]
-ACCEPT_POLL_S = 0.5               # the accept loop's longest wait; stop() ends it at once with a connection
 REASONS = ("auth_failed", "malformed", "oversized", "truncated", "unknown_method")
 
 
@@ -95,56 +93,15 @@ class RpcServer:
         self.handlers = handlers
         self.handshake_timeout = handshake_timeout
         self.counters = RejectCounters(REASONS)
-        self._conns: dict[socket.socket, threading.Thread] = {}   # open connections (guarded by _lock)
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        server = self
-
-        class _Conn(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                if server._stopping.is_set():
-                    return                     # stop()'s own wake-up call, or a client too late
-                server._track(self.request)
-                try:
-                    server._serve(self.request, self.client_address)
-                finally:
-                    server._untrack(self.request)
-
-        class _Server(socketserver.ThreadingTCPServer):
-            allow_reuse_address = True
-            daemon_threads = True
-
-        self._server = _Server((host, port), _Conn)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": ACCEPT_POLL_S},
-                                        name=f"rpc-{host}:{port}", daemon=True)
+        self._listener = Listener(host, port, self._handle, name=f"rpc-{host}:{port}", backlog=5)
+        self.port = self._listener.address[1]
 
     def start(self) -> None:
-        self._thread.start()
+        self._listener.start()
 
     def stop(self) -> None:
         """Stop accepting, close every open connection and wait (briefly) for their threads."""
-        self._stopping.set()
-        if self._thread.is_alive():
-            ender = threading.Thread(target=self._server.shutdown, daemon=True)
-            ender.start()
-            while ender.is_alive():            # a connection ends the accept loop's wait at once
-                self._wake_accept_loop()
-                ender.join(0.05)
-        self._server.server_close()
-        with self._lock:
-            conns = dict(self._conns)
-        for sock, thread in conns.items():
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            thread.join(2.0)
-
-    def _wake_accept_loop(self) -> None:
-        try:
-            socket.create_connection(self._server.server_address[:2], timeout=0.2).close()
-        except OSError:
-            pass
+        self._listener.close(timeout=2.0)
 
     @property
     def refused(self) -> int:
@@ -155,14 +112,6 @@ class RpcServer:
         """Refused connections and requests by reason."""
         return self.counters.snapshot()
 
-    def _track(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._conns[sock] = threading.current_thread()
-
-    def _untrack(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._conns.pop(sock, None)
-
     def _refuse(self, peer: tuple, reason: str, detail: str) -> None:
         """Count the refusal and log it: a warning for what an operator should look at (a wrong secret, a
         malformed request); a handshake cut short is routine under churn (its dialer died or gave up) and is
@@ -170,6 +119,13 @@ class RpcServer:
         self.counters.add(reason)
         level = logging.INFO if reason == "truncated" else logging.WARNING
         log.log(level, "refused control connection from %s (%s): %s", peer, reason, detail)
+
+    def _handle(self, sock: socket.socket, peer: tuple) -> None:
+        """The accepted connection's thread (run by the Listener)."""
+        try:
+            self._serve(sock, peer)
+        finally:
+            sock.close()
 
     def _serve(self, sock: socket.socket, peer: tuple) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

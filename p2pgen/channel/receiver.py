@@ -39,6 +39,7 @@ from p2pgen.channel.log import ConsumptionLog, LogBusy, channel_path
 from p2pgen.channel.wire import ACK, ARRAY, DATA, LOG, OPEN, Rejected, Slot, Stamp, decode_array, \
     parse_header, read_exact, recv_control, send_control, write_frame
 from p2pgen.errors import P2PGenError, ProtocolError
+from p2pgen.listener import Listener
 from p2pgen.transport import frame, handshake
 
 log = logging.getLogger(__name__)
@@ -366,11 +367,8 @@ class ChannelListener:
         self._ids = count()
         self._generation = 0
         self._closed = False
-        self._sock = _listen(host, port)
-        self.host, self.port = host, self._sock.getsockname()[1]
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                          name=f"p2pgen-channel-accept-{self_id[0]}")
-        self._acceptor.start()
+        self._listener = Listener(host, port, self._serve, name=f"p2pgen-channel-{self_id[0]}", backlog=64).start()
+        self.host, self.port = host, self._listener.address[1]
 
     def receiver(self, sender: str) -> ChannelReceiver:
         """The receiver of the channel `sender` -> this peer (opens its consumption log on first use)."""
@@ -401,16 +399,8 @@ class ChannelListener:
                 out[k] += v
         return out
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                             name=f"p2pgen-channel-{self.identity[0]}").start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, _peer: tuple) -> None:
+        """The accepted connection's thread (run by the Listener): authenticate, then serve its channel."""
         try:
             conn = self._open(sock)
         except handshake.HandshakeRejected as e:
@@ -450,26 +440,10 @@ class ChannelListener:
                 return
             self._closed = True
             receivers = list(self._receivers.values())
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-        self._acceptor.join(self.config.handshake_timeout)
-        for rx in receivers:
+        self._listener.stop()
+        for rx in receivers:           # ends their connections and wakes the threads waiting on them
             rx.close()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(64)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+        self._listener.end(timeout=self.config.handshake_timeout)
 
 
 def _tune(sock: socket.socket, buffer_bytes: int) -> None:

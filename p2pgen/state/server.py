@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 import msgpack
 
 from p2pgen import auth
+from p2pgen.listener import Listener
 from p2pgen.state import tensors as tz
 from p2pgen.state import wire
 from p2pgen.state.shared import Manifest, SharedState, objects_bytes
@@ -70,12 +71,10 @@ class StateServer:
         self._authorize = authorize
         self._cond = threading.Condition()
         self._window: _Window | None = None
-        self._conns: dict[socket.socket, tuple[threading.Thread, list[int]]] = {}   # sock -> (thread, [gen])
+        self._generations: dict[socket.socket, int] = {}   # the generation each connection's handshake named
         self._closed = False
-        self._listener = socket.create_server((host, port), backlog=64)
-        self.host, self.port = self._listener.getsockname()[:2]
-        self._acceptor = threading.Thread(target=self._accept_loop, name="p2pgen-state-accept", daemon=True)
-        self._acceptor.start()
+        self._listener = Listener(host, port, self._handle, name="p2pgen-state", backlog=64).start()
+        self.host, self.port = self._listener.address
 
     def stats(self) -> dict[str, int]:
         return self.counters.snapshot()
@@ -95,10 +94,8 @@ class StateServer:
 
     def close(self) -> None:
         self._closed = True
+        self._listener.stop()
         self._close_window()
-        _shutdown(self._listener)
-        self._listener.close()
-        self._acceptor.join(self.config.close_timeout)
 
     # ---- window --------------------------------------------------------------------------------
     def _open_window(self, generation: int) -> _Window:
@@ -119,11 +116,8 @@ class StateServer:
         with self._cond:
             closing = self._window.generation if self._window is not None and not self._closed else None
             self._window = None
-            conns = [(s, t) for s, (t, gen) in self._conns.items() if closing is None or gen[0] <= closing]
-        for sock, _ in conns:
-            _shutdown(sock)
-        for _, thread in conns:
-            thread.join(self.config.close_timeout)
+        self._listener.end(lambda s: closing is None or self._generations.get(s, -1) <= closing,
+                           self.config.close_timeout)
 
     def _window_for(self, generation: int) -> _Window:
         deadline = time.monotonic() + self.config.wait_for_window
@@ -142,28 +136,15 @@ class StateServer:
                 self._cond.wait(left)
 
     # ---- connections ---------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            generation = [-1]   # set once the handshake names it
-            thread = threading.Thread(target=self._handle, args=(sock, generation), name="p2pgen-state-conn",
-                                      daemon=True)
-            with self._cond:
-                self._conns[sock] = (thread, generation)
-            thread.start()
-
-    def _handle(self, sock: socket.socket, generation: list[int]) -> None:
+    def _handle(self, sock: socket.socket, _peer: tuple) -> None:
+        """The accepted connection's thread (run by the Listener): authenticate, then answer requests."""
         try:
             hello = self._handshake(sock)
             if hello is not None:
-                generation[0] = hello.generation
+                self._generations[sock] = hello.generation
                 self._answer(sock, hello)
         finally:
-            with self._cond:
-                self._conns.pop(sock, None)
+            self._generations.pop(sock, None)
             sock.close()
 
     def _handshake(self, sock: socket.socket) -> handshake.Hello | None:
@@ -257,10 +238,3 @@ def _held_shards(state: SharedState) -> dict:
     """The shards this member holds, frozen for the window: (object, index) -> (digest, bytes)."""
     return {(o.object_id, i): (o.digest(i), o.shard_bytes(i).copy())
             for o in state.sharded.values() for i in o.owned()}
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass

@@ -21,6 +21,7 @@ import time
 
 from p2pgen import auth
 from p2pgen.errors import GenerationChanged
+from p2pgen.listener import Listener
 from p2pgen.transport import handshake
 from p2pgen.transport.config import TransportConfig
 from p2pgen.transport.group import Endpoint, Group
@@ -47,24 +48,10 @@ class Transport:
         self._retired: list[Session] = []
         self._newest = -1
         self._parked: list[tuple[float, handshake.Hello, socket.socket]] = []
-        self._handshakes: dict[socket.socket, threading.Thread] = {}
         self._closed = False
-        self._listener = self._listen(host, port)
-        self.host, self.port = host, self._listener.getsockname()[1]
-        self._acceptor = threading.Thread(target=self._accept_loop, name=f"p2pgen-accept-{peer_id}",
-                                          daemon=True)
-        self._acceptor.start()
-
-    def _listen(self, host: str, port: int) -> socket.socket:
-        sock = self.new_socket()
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        self._listener = Listener(host, port, self._handshake, name=f"p2pgen-data-{peer_id}", backlog=128,
+                                  new_socket=self.new_socket).start()
+        self.host, self.port = host, self._listener.address[1]
 
     def new_socket(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -128,22 +115,8 @@ class Transport:
                 self._retired.append(session)
 
     # ---- accepting -----------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._closed:
-                    sock.close()
-                    return
-                t = threading.Thread(target=self._handshake, args=(sock,), daemon=True,
-                                     name="p2pgen-handshake")
-                self._handshakes[sock] = t
-            t.start()
-
-    def _handshake(self, sock: socket.socket) -> None:
+    def _handshake(self, sock: socket.socket, _peer: tuple) -> None:
+        """The accepted connection's thread (run by the Listener): authenticate, then route it."""
         try:
             sock.settimeout(self.config.handshake_timeout)
             hello = handshake.accept(sock, self.key, self.job, self.identity, self._decide)
@@ -156,9 +129,6 @@ class Transport:
         except OSError as e:
             self._refuse(sock, "truncated", f"handshake did not complete: {e!r}")
             return
-        finally:
-            with self._lock:
-                self._handshakes.pop(sock, None)
         self._route(hello, sock)
 
     def _decide(self, hello: handshake.Hello) -> tuple[str, str] | None:
@@ -208,27 +178,17 @@ class Transport:
 
     # ---- teardown ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Abort every session, stop accepting and close every socket. Idempotent."""
+        """Stop accepting and end the handshakes in flight, then abort every session and close every
+        parked socket. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._listener.close(self.config.handshake_timeout)
+        with self._lock:
             sessions = list(self._sessions.values())
             parked, self._parked = self._parked, []
-            handshakes = dict(self._handshakes)
         for s in sessions:
             s.abort("transport closed")
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._acceptor.join(self.config.abort_timeout)
-        self._listener.close()
         for _, _, sock in parked:
             sock.close()
-        for sock, t in handshakes.items():
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            t.join(self.config.handshake_timeout)

@@ -25,7 +25,7 @@ def listener(secret: bytes) -> Iterator[str]:
     server = bind_free_port(lambda port: RpcServer("127.0.0.1", port, JOB, secret, {"hello": lambda p: ANSWER}))
     server.start()
     try:
-        yield f"127.0.0.1:{server._server.server_address[1]}"
+        yield f"127.0.0.1:{server.port}"
     finally:
         server.stop()
 

@@ -27,7 +27,7 @@ class Rig:
     def __init__(self) -> None:
         self.server = bind_free_port(lambda port: RpcServer("127.0.0.1", port, JOB, SECRET,
                                                             {"echo": lambda p: p}, handshake_timeout=0.5))
-        self.port = self.server._server.server_address[1]
+        self.port = self.server.port
         self.server.start()
 
     def honest_call(self) -> None:
