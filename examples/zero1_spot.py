@@ -91,8 +91,7 @@ def adamw(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, lr
 
 def first_owned(peer: p2pgen.Peer, object_id: str) -> set[int]:
     me = f"{peer.peer_id}#{peer.incarnation}"
-    return {e["shard"] for e in peer.certificate.get("ownership", [])
-            if e["object_id"] == object_id and e["owners"][0] == me}
+    return {shard for obj, shard, owners in peer.certificate.ownership if obj == object_id and owners[0] == me}
 
 
 def crash_if_told(peer: p2pgen.Peer) -> None:

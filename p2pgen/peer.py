@@ -44,7 +44,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Iterator, Protocol
+from dataclasses import asdict
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -54,7 +55,12 @@ from p2pgen.auth import load_secret
 from p2pgen.channel import Channel, ChannelListener, ChannelReceiver
 from p2pgen.collectives import Backend
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
-from p2pgen.core import Command, Fallback, Frontier, Ready, Reform, Synced
+from p2pgen.core import Command, Fallback, Ready, Reform, Synced
+from p2pgen.core.follower import (
+    CERTIFIED, REFORM_AFTER_S, Action, Activate, AskFallback, AskReform, Exit, Fetch, FetchShards, Follower,
+    FollowerPolicy, Local, NoteHold, ReportSynced, Retire, RunStep, Stop, Vote, Wait,
+)
+from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.state import (
     CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, pull_state,
@@ -67,7 +73,7 @@ log = logging.getLogger(__name__)
 
 WATCH_POLL_S = 1.0
 AGENT_SILENT_TRIES = 3           # consecutive unanswered calls after which the local agent counts as lost
-FALLBACK_EVERY_S = 1.0
+VIEW_WAIT_S = 0.2                # longest wait for a new view when the follower has nothing to do now
 
 
 class Trace:
@@ -105,6 +111,18 @@ def recognize_wrapped_errors(source: WrappedErrors) -> None:
     generation change inside a library call discards the step like one raised directly."""
     if source not in _wrapped_errors:
         _wrapped_errors.append(source)
+
+
+class PeerObserver:
+    """Watches the follower's actions as the peer performs them (the chaos benchmark fires its transition-point
+    faults and records activations here). `before` runs before an action is performed; `after` once it was,
+    with its result: True done, False refused by the job, None not possible now. The default does nothing."""
+
+    def before(self, peer: "Peer", action: Action) -> None:
+        pass
+
+    def after(self, peer: "Peer", action: Action, ok: bool | None) -> None:
+        pass
 
 
 class Step:
@@ -203,19 +221,21 @@ class Peer:
 
     def __init__(self, job: str, state: SharedState, agent_addr: str, peer_id: str, incarnation: int,
                  secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
-                 reform_after: float = 1.5, backend: str = "tcp", channel_addr: str | None = None,
-                 channel_dir: str | None = None, keep: StateKeeperConfig | None = None) -> None:
+                 reform_after: float = REFORM_AFTER_S, backend: str = "tcp", channel_addr: str | None = None,
+                 channel_dir: str | None = None, keep: StateKeeperConfig | None = None,
+                 policy: FollowerPolicy = CERTIFIED, observer: "PeerObserver | None" = None) -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
         self.backend_kind = check_kind(backend)
         self.identity = (peer_id, incarnation)
         self.keeper = StateKeeper(keep, state, job, self.identity) if keep is not None and keep.enabled else None
         self.lineage = 0                 # the generation this process's state belongs to (see core: lineage)
         self.secret = secret
-        self.reform_after = reform_after
         self.trace = Trace(trace_path, self.identity)
+        self.follower = Follower(self.identity, time.monotonic(), policy, reform_after)
+        self.observer = observer or PeerObserver()
         self.agent = AgentClient(agent_addr, secret, job=job)
-        attached = self.agent.attach(incarnation)
-        self._agent_voted = attached.get("agent_voted", False)
+        if self.agent.attach(incarnation).get("agent_voted", False):
+            self.follower.owe_reform("attached after the agent voted on its behalf")
         host, port = split_addr(data_addr)
         self.transport = Transport(job, secret, peer_id, incarnation, host=host, port=port)
         shost, sport = split_addr(state_addr)
@@ -229,9 +249,9 @@ class Peer:
             self._listener = ChannelListener(job, secret, self.identity, channel_dir, host=chost, port=cport)
         self.backend: Backend | None = None
         self.current_step: Step | None = None      # the step last yielded by steps() (read by p2pgen.torch)
-        self.certificate: dict[str, Any] | None = None
+        self.certificate: ActiveGeneration | None = None   # the certificate of the generation this member runs
         self._switch_to: int | None = None
-        self._view: dict[str, Any] = self.agent.show()
+        self.view = JobView.from_json(self.agent.show())    # the job as the local agent last showed it
         self._view_lock = threading.Condition()
         self._closed = threading.Event()
         self._lost: str | None = None             # why the local agent counts as lost (set by the watcher)
@@ -247,13 +267,8 @@ class Peer:
     def steps(self) -> Iterator[Step]:
         """Steps of the current generation, forever; crosses generation changes transparently.
         Ends when `close()` was called; raises `Evicted` or `AgentLost` (see the module docstring)."""
-        while not self._closed.is_set():
-            if self.state.revision >= self.progress.stop_revision():
-                break                              # the harness asked every member to end at this revision
-            if self.backend is None or self._switch_to is not None or self._backend_dead():
-                self._enter_next_generation()
-            if self.backend is None:               # closed while between generations
-                break
+        while not isinstance(self._next_action(), Stop):
+            assert self.backend is not None
             step = Step(self, self.backend)
             self.current_step = step
             yield step
@@ -283,12 +298,10 @@ class Peer:
 
     def pending_join_seen(self) -> int:
         """The pending generation if it only adds members to ours (a join waits for a step boundary)."""
-        pending = self._view["state"]["pending"]
+        pending = self.view.pending
         if pending is None or self.backend is None:
             return 0
-        ours = {(m.peer_id, m.incarnation) for m in self.backend.group.members}
-        proposed = {(m["peer_id"], m["incarnation"]) for m in pending["members"]}
-        return pending["generation"] if ours <= proposed else 0
+        return pending.generation if all(pending.has(m.identity) for m in self.backend.group.members) else 0
 
     # --- exactly-once channels ------------------------------------------------------------------------
 
@@ -307,12 +320,13 @@ class Peer:
         return self._listener.receiver(sender)
 
     def _channel_endpoint(self, peer_id: str) -> Endpoint:
-        member = next((m for m in self._view["state"]["members"] if m["peer_id"] == peer_id), None)
-        if member is None or "channel" not in member["addrs"]:
+        member = self.view.member(peer_id)
+        addr = member.addr("channel") if member else None
+        if member is None or addr is None:
             raise P2PGenError(f"{peer_id} is not a member with a channel address; known: "
-                              f"{sorted(m['peer_id'] for m in self._view['state']['members'])}")
-        host, port = split_addr(member["addrs"]["channel"])
-        return Endpoint(peer_id, member["incarnation"], host, port)
+                              f"{sorted(m.peer_id for m in self.view.members)}")
+        host, port = split_addr(addr)
+        return Endpoint(peer_id, member.incarnation, host, port)
 
     def _move_channels(self, generation: int) -> None:
         """Every channel follows the job into `generation` (reconnect, read the receiver's log, resend the
@@ -351,90 +365,77 @@ class Peer:
         self.trace.close()
         self.progress.close()
 
-    # --- between generations -------------------------------------------------------------------------
+    # --- between generations: the follower decides, the peer performs ----------------------------------------
 
-    def _enter_next_generation(self) -> None:
-        started = time.monotonic()
-        quiescence, seq = "proved", 0
-        if self.backend is not None:
-            reason = (f"joining generation {self._switch_to} at a step boundary" if self._switch_to
-                      else "generation changed")
-            quiescence, seq = self.backend.abort(reason), self.backend.op_seq
-            self.trace.record("retire", generation=self.backend.generation, quiescence=quiescence)
-            self.backend = None
-        self._switch_to = None
-        if self._agent_voted:
-            self._agent_voted = False
-            self._request_reform_if_active("attached after the agent voted on its behalf")
-        voted: int | None = None
-        synced: int | None = None
-        last_reform = time.monotonic()
-        last_fallback: tuple[int, float] = (0, 0.0)     # (generation, when) of the last hold seen or fallback asked
-        while not self._closed.is_set():
-            view = self._wait_view(0.2)
-            state = view["state"]
-            self._check_not_evicted(state)
-            pending, active = state["pending"], state["active"]
-            if active and self._in(active) and active["generation"] == voted:
-                self._activate(active)            # before any newer proposal: its members may wait for us in G
-                self.stats["seconds_between"] += time.monotonic() - started
-                return
-            if pending and self._proposed(pending):
-                if voted != pending["generation"]:
-                    if self._vote_ready(pending, quiescence, seq):
-                        voted = pending["generation"]
-                    if quiescence == "unknown":
-                        raise Evicted("could not prove quiescence of the old generation: restart as a new incarnation")
-                if pending["frontier"] and synced != pending["generation"] and self._sync_if_told(pending, state):
-                    synced = pending["generation"]
-                if pending.get("hold") and voted == pending["generation"]:
-                    last_fallback = self._ask_fallback(pending, last_fallback)
-            elif active and self._in(active) and voted is None and time.monotonic() - last_reform > self.reform_after:
-                self._request_reform_if_active("collective failed with no membership change known")
-                last_reform = time.monotonic()
+    def _next_action(self) -> RunStep | Stop:
+        """Perform the follower's decisions (core.follower) until it says to run a step of the current generation
+        or to stop. Raises `Evicted` when it says this incarnation must exit."""
+        while True:
+            view = self.view
+            action = self.follower.decide(view, self._local())
+            if isinstance(action, (RunStep, Stop)):
+                return action
+            self.observer.before(self, action)
+            ok = self._perform(action, view)
+            self.observer.after(self, action, ok)
+            if ok is not True:                 # nothing to do, refused, or not possible now: wait for a new view
+                self._wait_view(VIEW_WAIT_S)
 
-    def _proposed(self, pending: dict[str, Any]) -> bool:
-        return any((m["peer_id"], m["incarnation"]) == self.identity for m in pending["members"])
+    def _local(self) -> Local:
+        backend = self.backend
+        return Local(now=time.time(), clock=time.monotonic(),
+                     running=backend.generation if backend is not None else None,
+                     failed=backend is not None and backend.failed is not None, switch_to=self._switch_to,
+                     closed=self._closed.is_set(), at_stop=self.state.revision >= self.progress.stop_revision())
 
-    def _in(self, cert: dict[str, Any]) -> bool:
-        return any((m["peer_id"], m["incarnation"]) == self.identity for m in cert["members"])
+    def _perform(self, action: Action, view: JobView) -> bool | None:
+        """Do `action` and report it to the follower; True done, False refused by the job, None not possible now."""
+        match action:
+            case Retire():
+                return self._retire(action)
+            case Exit(reason=reason):
+                self.close()
+                raise Evicted(f"{reason}: this process must exit; its agent restarts it as a new incarnation")
+            case Activate(active=active):
+                self.stats["seconds_between"] += time.monotonic() - self.follower.progress.since
+                self._activate(active)
+                ok: bool | None = True
+            case Vote():
+                ok = self._vote(action, view)
+            case Fetch(pull=pull) if pull.checkpoint:
+                ok = self._load_checkpoint(action, view)
+            case Fetch():
+                ok = self._fetch(action, view)
+            case FetchShards():
+                ok = self._fetch_shards(action, view)
+            case ReportSynced():
+                ok = self._report_synced(action)
+            case NoteHold(generation=generation, hold=hold):
+                log.warning("generation %d is HELD: %s", generation, hold.reason)
+                self.trace.record("held", generation=generation, **asdict(hold))
+                ok = True
+            case AskFallback():
+                ok = self._ask_fallback(action)
+            case AskReform():
+                ok = self._ask_reform(action)
+            case Wait():
+                ok = None
+        self.follower.advance(action, ok, time.monotonic())
+        return ok
 
-    def _check_not_evicted(self, state: dict[str, Any]) -> None:
-        if any((t["peer_id"], t["incarnation"]) == self.identity for t in state["tombstones"]):
-            self.close()
-            raise Evicted(f"{self.peer_id}#{self.incarnation} was evicted from job {self.job}: "
-                          "this process must exit; its agent restarts it as a new incarnation")
-
-    def _vote_ready(self, pending: dict[str, Any], quiescence: str, seq: int) -> bool:
-        """Vote `ready` for `pending`; False when the agent could not take the vote now (retried later)."""
-        generation = pending["generation"]
-        extra: dict[str, Any] = {}
-        if self.keeper is not None:
-            restored = self.keeper.restore(self._view["state"])     # once, before anything is served
-            if restored and self.keeper.lineage:
-                self.lineage = self.keeper.lineage                  # the generation the copy was saved in
-            if restored:
-                self.trace.record("restore", generation=generation, revision=self.state.revision, note=restored)
-            extra = self.keeper.vote_fields(self._view["state"])
-        self._serving.close()
-        self._serving.enter_context(self.state_server.serving(generation))   # frozen until the next step
-        digest = self.state.digest()
-        comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
-        if self.state.sharded:
-            extra.update(layout=self.state.layout_text(), shards=self.state.shards_text())
-        outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, quiescence, self.state.revision,
-                                     digest, seq, comm_id=comm_id, at=time.time(), lineage=self.lineage, **extra))
-        if outcome is None:
-            return False
-        self.trace.record("ready", generation=generation, revision=self.state.revision, digest=digest,
-                          quiescence=quiescence, ok=outcome["ok"], reason=outcome["reason"],
-                          **{k: v for k, v in extra.items() if k != "layout"})
+    def _retire(self, action: Retire) -> bool:
+        backend = self.backend
+        assert backend is not None
+        quiescence, seq = backend.abort(action.reason), backend.op_seq
+        self.trace.record("retire", generation=backend.generation, quiescence=quiescence)
+        self.backend, self._switch_to = None, None
+        self.follower.advance(action, True, time.monotonic(), quiescence=quiescence, collective_seq=seq)
         return True
 
     def _submit(self, command: Command) -> dict[str, Any] | None:
         """Submit through our agent; None when it could not take the command now (no Raft quorum, its node
-        restarting, a connection lost): the caller retries on a later view. Whether the agent itself is
-        gone is the watcher's call (`AgentLost`)."""
+        restarting, a connection lost): the follower decides it again on a later view. Whether the agent itself
+        is gone is the watcher's call (`AgentLost`)."""
         try:
             return self.agent.submit(command)
         except (OSError, P2PGenError) as e:
@@ -442,182 +443,177 @@ class Peer:
             self.trace.record("submit_failed", command=type(command).__name__, reason=str(e))
             return None
 
-    def _sync_if_told(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
-        """Pull the frontier if the election told us to, then report `synced`. True when done."""
-        pull = next((p for p in pending["pulls"] if p["peer_id"] == self.peer_id), None)
-        if pull is None:
-            return self._sync_shards_only(pending, state)
-        if pull.get("checkpoint"):
-            return self._load_checkpoint(pending)
-        sources = list(self._sources(state, pull["sources"]).values())
-        frontier = pending["frontier"]
-        generation = pending["generation"]
-        self.trace.record("pull", generation=generation, sources=pull["sources"], frontier=frontier)
+    def _vote(self, action: Vote, view: JobView) -> bool | None:
+        """Serve the state frozen as it is (until the next step) and vote `ready` for the pending generation."""
+        generation, pending = action.generation, view.pending
+        assert pending is not None and pending.generation == generation
+        extra: dict[str, Any] = {}
+        if self.keeper is not None and action.report_state:
+            restored = self.keeper.restore(view)                    # once, before anything is served
+            if restored and self.keeper.lineage:
+                self.lineage = self.keeper.lineage                  # the generation the copy was saved in
+            if restored:
+                self.trace.record("restore", generation=generation, revision=self.state.revision, note=restored)
+            extra = self.keeper.vote_fields(view)
+        self._serve(generation)
+        revision, digest = (self.state.revision, self.state.digest()) if action.report_state else (0, "")
+        if self.state.sharded and action.report_state:
+            extra.update(layout=self.state.layout_text(), shards=self.state.shards_text())
+        comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
+        outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, action.quiescence, revision, digest,
+                                     action.collective_seq, comm_id=comm_id, at=time.time(),
+                                     lineage=self.lineage if action.report_state else 0, **extra))
+        if outcome is None:
+            return None
+        self.trace.record("ready", generation=generation, revision=revision, digest=digest,
+                          quiescence=action.quiescence, ok=outcome["ok"], reason=outcome["reason"],
+                          **{k: v for k, v in extra.items() if k != "layout"})
+        return outcome["ok"]
+
+    def _serve(self, generation: int) -> None:
+        """Serve the state as it is now to the members of `generation` that must pull it."""
+        self._serving.close()
+        self._serving.enter_context(self.state_server.serving(generation))
+
+    def _fetch(self, action: Fetch, view: JobView) -> bool | None:
+        """Pull the elected frontier from its holders (verified against its digest)."""
+        generation, pending = action.generation, view.pending
+        assert pending is not None and pending.frontier is not None
+        self.trace.record("pull", generation=generation, sources=list(action.pull.sources),
+                          frontier=asdict(pending.frontier))
         try:
             report = pull_state(self.state, job=self.job, secret=self.secret, me=self.identity, generation=generation,
-                                frontier=Frontier(frontier["revision"], frontier["digest"]), sources=sources)
+                                frontier=pending.frontier,
+                                sources=list(self._sources(view, action.pull.sources).values()))
         except P2PGenError as e:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self.trace.record("pull_failed", generation=generation, reason=str(e))
-            return False
-        self.lineage = pending["parent"]   # the frontier was elected on the history of the active generation
+            return None
+        self.lineage = pending.parent      # the frontier was elected on the history of the active generation
         for obj in self.state.sharded.values():
             obj.keep_only([])              # shards of the revision it left: never claimed at the frontier's
-        if not self._pull_my_shards(pending, state):
-            return False
-        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time(),
-                                      shards=self.state.shards_text()))
-        if outcome is None:
-            return False
-        self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
-                          reason=outcome["reason"], report=str(report))
-        return outcome["ok"]
-
-    def _sources(self, state: dict[str, Any], peer_ids: list[str]) -> dict[str, Source]:
-        addrs = {m["peer_id"]: m for m in state["members"]}
-        sources = {}
-        for peer_id in peer_ids:
-            member = addrs.get(peer_id)
-            if member and "state" in member["addrs"]:
-                host, port = split_addr(member["addrs"]["state"])
-                sources[peer_id] = Source(peer_id, member["incarnation"], host, port)
-        return sources
-
-    def _pull_my_shards(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
-        """Copy (or rebuild) the shards the election gave this member; False (retried) when that failed."""
-        mine = [sp for sp in pending.get("shard_pulls", []) if sp["peer_id"] == self.peer_id]
-        if not mine:
-            return True
-        generation = pending["generation"]
-        sources = self._sources(state, sorted({p for sp in mine for p in sp["sources"]}))
-        try:
-            report = pull_shards(self.state, mine, sources, job=self.job, secret=self.secret, me=self.identity,
-                                 generation=generation, frontier_revision=pending["frontier"]["revision"])
-        except P2PGenError as e:
-            log.warning("shard pulls for generation %d failed: %s", generation, e)
-            self.trace.record("shard_pull_failed", generation=generation, reason=str(e))
-            return False
-        self.trace.record("shard_pull", generation=generation, shards=report.shards, rebuilt=report.rebuilt,
-                          nbytes=report.bytes_total, failures=report.failures, seconds=report.seconds)
+        self.trace.record("pulled", generation=generation, revision=self.state.revision, report=str(report))
         return True
 
-    def _sync_shards_only(self, pending: dict[str, Any], state: dict[str, Any]) -> bool:
-        """This member holds the frontier; it may still have to receive shards before it reports `synced`."""
-        generation = pending["generation"]
-        if not any(sp["peer_id"] == self.peer_id for sp in pending.get("shard_pulls", [])):
-            return True
-        if not self._pull_my_shards(pending, state):
-            return False
-        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time(),
-                                      shards=self.state.shards_text()))
-        if outcome is None:
-            return False
-        self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
-                          reason=outcome["reason"], report="shards only")
-        return outcome["ok"]
-
-    def _load_checkpoint(self, pending: dict[str, Any]) -> bool:
-        """The election chose a checkpoint this process offered: load it, serve it, report `synced`."""
-        generation, frontier = pending["generation"], pending["frontier"]
+    def _load_checkpoint(self, action: Fetch, view: JobView) -> bool:
+        """The election chose a checkpoint this process offered: load it and serve it."""
+        generation, pending = action.generation, view.pending
+        assert pending is not None and pending.frontier is not None
         if self.keeper is None:
-            return False
+            raise P2PGenError(f"generation {generation} tells {self.peer_id} to load a checkpoint, but this process "
+                              "keeps none: it never offered one")
         try:
-            line = self.keeper.load_frontier_checkpoint(self._view["state"], Frontier(frontier["revision"],
-                                                                                        frontier["digest"]))
+            line = self.keeper.load_frontier_checkpoint(view, pending.frontier)
         except CheckpointError as e:
             self.trace.record("checkpoint_failed", generation=generation, reason=str(e))
             self.close()
             raise Evicted(f"{e}: this process must not report synced; its agent restarts it") from e
         log.warning("generation %d: %s", generation, line)
-        self.lineage = pending["parent"]   # the election chose this checkpoint on the active generation's history
-        self._serving.close()
-        self._serving.enter_context(self.state_server.serving(generation))   # members without it pull from us
-        outcome = self._submit(Synced(generation, self.peer_id, self.incarnation, self.state.digest(), at=time.time()))
+        self.lineage = pending.parent      # the election chose this checkpoint on the active generation's history
+        self._serve(generation)            # members without it pull from us
+        self.trace.record("pulled", generation=generation, revision=self.state.revision, report=line)
+        return True
+
+    def _fetch_shards(self, action: FetchShards, view: JobView) -> bool | None:
+        """Copy (or rebuild) the shards the election gave this member."""
+        generation = action.generation
+        sources = self._sources(view, sorted({p for sp in action.shard_pulls for p in sp.sources}))
+        try:
+            report = pull_shards(self.state, action.shard_pulls, sources, job=self.job, secret=self.secret,
+                                 me=self.identity, generation=generation, frontier_revision=action.frontier_revision)
+        except P2PGenError as e:
+            log.warning("shard pulls for generation %d failed: %s", generation, e)
+            self.trace.record("shard_pull_failed", generation=generation, reason=str(e))
+            return None
+        self.trace.record("shard_pull", generation=generation, shards=report.shards, rebuilt=report.rebuilt,
+                          nbytes=report.bytes_total, failures=report.failures, seconds=report.seconds)
+        return True
+
+    def _sources(self, view: JobView, peer_ids: Sequence[str]) -> dict[str, Source]:
+        sources = {}
+        for peer_id in peer_ids:
+            member = view.member(peer_id)
+            addr = member.addr("state") if member else None
+            if member is not None and addr is not None:
+                host, port = split_addr(addr)
+                sources[peer_id] = Source(peer_id, member.incarnation, host, port)
+        return sources
+
+    def _report_synced(self, action: ReportSynced) -> bool | None:
+        outcome = self._submit(Synced(action.generation, self.peer_id, self.incarnation, self.state.digest(),
+                                      at=time.time(), shards=self.state.shards_text()))
         if outcome is None:
-            return False
-        self.trace.record("synced", generation=generation, revision=self.state.revision, ok=outcome["ok"],
-                          reason=outcome["reason"], report=line)
+            return None
+        self.trace.record("synced", generation=action.generation, revision=self.state.revision, ok=outcome["ok"],
+                          reason=outcome["reason"])
         return outcome["ok"]
 
-    def _ask_fallback(self, pending: dict[str, Any], last: tuple[int, float]) -> tuple[int, float]:
-        """A held proposal: say so once, and ask it to fall back (about once a second) once its wait is over."""
-        hold, generation = pending["hold"], pending["generation"]
-        if last[0] != generation:
-            log.warning("generation %d is HELD: %s", generation, hold["reason"])
-            self.trace.record("held", generation=generation, **hold)
-            last = (generation, 0.0)
-        if time.time() < hold["until"] or time.monotonic() - last[1] < FALLBACK_EVERY_S:
-            return last
-        outcome = self._submit(Fallback(generation, self.peer_id, self.incarnation, at=time.time()))
+    def _ask_fallback(self, action: AskFallback) -> bool | None:
+        """The hold's wait is over: ask the job to resume from the best state left."""
+        outcome = self._submit(Fallback(action.generation, self.peer_id, self.incarnation, at=time.time()))
         if outcome is None:
-            return (generation, time.monotonic())
-        self.trace.record("fallback", generation=generation, ok=outcome["ok"], reason=outcome["reason"])
-        if not outcome["ok"] and last[1] == 0.0:
-            log.error("generation %d cannot fall back: %s", generation, outcome["reason"])
-        return (generation, time.monotonic())
+            return None
+        self.trace.record("fallback", generation=action.generation, ok=outcome["ok"], reason=outcome["reason"])
+        if not outcome["ok"] and action.first:
+            log.error("generation %d cannot fall back: %s", action.generation, outcome["reason"])
+        return outcome["ok"]
 
-    def _activate(self, cert: dict[str, Any]) -> None:
+    def _ask_reform(self, action: AskReform) -> bool | None:
+        outcome = self._submit(Reform(action.generation, self.peer_id, self.incarnation, action.reason,
+                                      at=time.time()))
+        if outcome is None:
+            return None
+        self.trace.record("reform", generation=action.generation, ok=outcome["ok"], reason=action.reason)
+        return outcome["ok"]
+
+    def _activate(self, active: ActiveGeneration) -> None:
         endpoints = []
-        for m in cert["members"]:
-            host, port = split_addr(m["addrs"]["data"])
-            endpoints.append(Endpoint(m["peer_id"], m["incarnation"], host, port))
-        rank = next(m["rank"] for m in cert["members"] if (m["peer_id"], m["incarnation"]) == self.identity)
-        group = Group(self.job, cert["generation"], endpoints, rank)
-        self.certificate = cert
-        self.lineage = cert["generation"]
+        for m in active.members:
+            host, port = split_addr(m.addr("data") or "")
+            endpoints.append(Endpoint(m.peer_id, m.incarnation, host, port))
+        rank = active.rank_of(self.identity)
+        assert rank is not None
+        group = Group(self.job, active.generation, endpoints, rank)
+        self.certificate = active
+        self.lineage = active.generation
         self._serving.close()
-        self._keep_owned_shards(cert)
-        if cert.get("recovery"):
-            (log.warning if cert.get("regressed_from") is not None else log.info)(
-                "generation %d: %s", cert["generation"], cert["recovery"])
+        self._keep_owned_shards(active)
+        if active.recovery:
+            (log.warning if active.regressed_from is not None else log.info)(
+                "generation %d: %s", active.generation, active.recovery)
         if self.keeper is not None:
-            self.keeper.activated(cert)
-        self.trace.record("active", generation=cert["generation"], rank=rank, world=len(endpoints),
-                          revision=self.state.revision, frontier=cert["frontier"], raft_index=cert["raft_index"])
-        self.backend = backend_factory(self.backend_kind, cert, self.transport, group)
+            self.keeper.activated(active)
+        self.trace.record("active", generation=active.generation, rank=rank, world=len(endpoints),
+                          revision=self.state.revision, frontier=asdict(active.frontier), raft_index=active.raft_index)
+        self.backend = backend_factory(self.backend_kind, active, self.transport, group)
         self.stats["generations"] += 1
-        self._move_channels(cert["generation"])
+        self._move_channels(active.generation)
         try:
             self.backend.connect()
         except (GenerationChanged, PeerLost) as e:
-            log.info("generation %d failed while connecting: %s", cert["generation"], e)
+            log.info("generation %d failed while connecting: %s", active.generation, e)
 
-    def _keep_owned_shards(self, cert: dict[str, Any]) -> None:
+    def _keep_owned_shards(self, active: ActiveGeneration) -> None:
         """Drop the shards the certificate gave to others: memory per member follows the ownership map."""
         if not self.state.sharded:
             return
-        me = f"{self.peer_id}#{self.incarnation}"
-        owned: dict[str, list[int]] = {o: [] for o in self.state.sharded}
-        for entry in cert.get("ownership", []):
-            if me in entry["owners"] and entry["object_id"] in owned:
-                owned[entry["object_id"]].append(entry["shard"])
-        for object_id, indexes in owned.items():
-            obj = self.state.sharded[object_id]
+        given = active.shards_owned(self.identity)
+        for object_id, obj in self.state.sharded.items():
+            indexes = given.get(object_id, [])
             missing = sorted(set(indexes) - set(obj.held))
             if missing:        # the activation waited for every shard pull: this would be a bug, never data loss
-                raise P2PGenError(f"generation {cert['generation']} gives {me} shards {object_id}{missing} it does "
-                                  "not hold")
+                raise P2PGenError(f"generation {active.generation} gives {self.peer_id}#{self.incarnation} shards "
+                                  f"{object_id}{missing} it does not hold")
             obj.keep_only(indexes)
-        self.trace.record("shards", generation=cert["generation"],
-                          held={o: self.state.sharded[o].owned() for o in owned},
+        self.trace.record("shards", generation=active.generation,
+                          held={o: obj.owned() for o, obj in self.state.sharded.items()},
                           nbytes=sum(o.nbytes_held for o in self.state.sharded.values()))
-
-    def _request_reform_if_active(self, why: str) -> None:
-        active = self._view["state"]["active"]
-        if active and self._in(active) and self._view["state"]["pending"] is None:
-            outcome = self._submit(Reform(active["generation"], self.peer_id, self.incarnation, why, at=time.time()))
-            if outcome is not None:
-                self.trace.record("reform", generation=active["generation"], ok=outcome["ok"], reason=why)
-
-    def _backend_dead(self) -> bool:
-        return self.backend is not None and self.backend.failed is not None
 
     # --- watching the agent --------------------------------------------------------------------------
 
-    def _wait_view(self, timeout: float) -> dict[str, Any]:
+    def _wait_view(self, timeout: float) -> None:
         with self._view_lock:
             self._view_lock.wait(timeout)
-            return self._view
 
     def _watch(self, agent_addr: str) -> None:
         """Follow the replicated state; abort the communicator as soon as a member of our generation is
@@ -626,8 +622,8 @@ class Peer:
         failures = 0
         while not self._closed.is_set():
             try:
-                view = client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self._view["raft"]["index"],
-                                    leader=self._view["raft"].get("leader"), timeout=WATCH_POLL_S)
+                view = JobView.from_json(client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self.view.index,
+                                                      leader=self.view.leader, timeout=WATCH_POLL_S))
                 failures = 0
             except RpcError as e:            # it answered without a view (its Raft node restarting): wait for it
                 log.info("agent at %s has no view now: %s", agent_addr, e)
@@ -645,39 +641,38 @@ class Peer:
                 time.sleep(0.1)
                 continue
             with self._view_lock:
-                self._view = view
+                self.view = view
                 self._view_lock.notify_all()
-            self._abort_if_membership_shrinks(view["state"])
-            self._abort_if_cut_off(view["raft"])
+            self._abort_if_membership_shrinks(view)
+            self._abort_if_cut_off(view)
         client.close()
 
-    def _abort_if_membership_shrinks(self, state: dict[str, Any]) -> None:
+    def _abort_if_membership_shrinks(self, view: JobView) -> None:
         backend = self.backend
         if backend is None:
             return
-        current = {(m["peer_id"], m["incarnation"]) for m in state["members"]}
+        current = {m.identity for m in view.members}
         gone = [m for m in backend.group.members if m.identity not in current]
         if gone:
             backend.abort(f"{', '.join(f'{m.peer_id}#{m.incarnation}' for m in gone)} left generation "
                           f"{backend.generation}")
 
-    def _abort_if_cut_off(self, raft: dict[str, Any]) -> None:
+    def _abort_if_cut_off(self, view: JobView) -> None:
         """Fence: a member whose agent hears no Raft leader (its node heard none for longer than an election,
         or led without a quorum) may be cut off from the job, whose majority will soon evict it and go on
         without it. It stops committing at once (its generation is retired; a reform or an eviction follows
         once the agent hears the job again): a member alone in its generation, cut off, would otherwise keep
         committing steps the job never sees."""
         backend = self.backend
-        if backend is None or raft.get("leader") is not None or backend.failed is not None:
+        if backend is None or view.leader is not None or backend.failed is not None:
             return
         backend.abort(f"agent of {self.peer_id}#{self.incarnation} hears no Raft leader: this member may be cut "
                       "off from the job and stops committing until it hears the job again")
 
     def _authorize(self, peer_id: str, incarnation: int, generation: int) -> bool:
         """A source serves only members of the pending generation it is serving."""
-        pending = self._view["state"]["pending"]
-        return bool(pending) and pending["generation"] == generation and any(
-            (m["peer_id"], m["incarnation"]) == (peer_id, incarnation) for m in pending["members"])
+        pending = self.view.pending
+        return pending is not None and pending.generation == generation and pending.has((peer_id, incarnation))
 
 
 _current: Peer | None = None

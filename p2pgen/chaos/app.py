@@ -53,6 +53,7 @@ from p2pgen.chaos.schedule import ANY_PEER, STALE_BACK, Injection
 from p2pgen.collectives import tcp
 from p2pgen.core.voters import majority_up
 from p2pgen.errors import P2PGenError
+from p2pgen.peer import Peer
 from p2pgen.state import SharedState, shardpull, wire
 from p2pgen.state.keeper import ENV_LOCAL
 from p2pgen.state.pull import PullConfig
@@ -80,7 +81,7 @@ class Injector:
         self.run_dir, self.config, self.peer_id, self.log = run_dir, config, peer_id, log
         self.all = [Injection(**i) for i in config["injections"]]
         self.mine = [i for i in self.all if i.peer in (peer_id, ANY_PEER)]
-        self.peer: policies.ChaosPeer | None = None
+        self.peer: Peer | None = None
         self.frames_armed: tuple[int, int, int] | None = None      # (collective seq, revision, world)
         self.fetching: str | None = None          # the source of the shard being pulled now
         self.committed: collections.deque = collections.deque(maxlen=STALE_BACK + 1)   # stale_replica's copies
@@ -164,12 +165,13 @@ class Injector:
     def _co_owner(self) -> str | None:
         """The other owner of this member's first shard in the active certificate (None: none known)."""
         cert = self.peer.certificate if self.peer else None
-        me = f"{self.peer_id}#{self.peer.incarnation}" if self.peer else ""
-        for entry in (cert or {}).get("ownership", []):
-            if me in entry["owners"]:
-                others = [o.split("#")[0] for o in entry["owners"] if o != me]
-                if others:
-                    return others[0]
+        if self.peer is None or cert is None:
+            return None
+        me = f"{self.peer_id}#{self.peer.incarnation}"
+        for _, _, owners in cert.ownership:
+            others = [o.split("#")[0] for o in owners if o != me]
+            if me in owners and others:
+                return others[0]
         return None
 
     def _reuse_rank(self) -> None:

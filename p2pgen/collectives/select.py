@@ -3,9 +3,9 @@
 - `offer_comm_id(kind, pending, identity)`: what this member puts in `Ready.comm_id` for the proposed
   generation: a fresh NCCL unique id (hex) if it is the proposal's rank 0 and the job runs nccl, else "".
   Core copies rank 0's offer into the certificate's `comm_id`, so the id belongs to that generation only.
-- `backend_factory(kind, cert, transport, group)`: the Backend of the certified generation. `tcp` is the CPU
+- `backend_factory(kind, active, transport, group)`: the Backend of the certified generation. `tcp` is the CPU
   ring, wrapped in host staging so GPU members can use it with CUDA tensors; `nccl` joins the communicator
-  named by `cert["comm_id"]`.
+  named by the certificate's `comm_id`.
 
 Invariant: every member of one generation builds the same kind of backend from the same certificate; a
 `nccl` certificate without a valid `comm_id` is refused with a message, never replaced by a local id.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from p2pgen.collectives.backend import Backend
+from p2pgen.core.view import ActiveGeneration, PendingGeneration
 from p2pgen.collectives.staged import HostStagedBackend
 from p2pgen.collectives.tcp import TcpBackend
 
@@ -28,16 +29,9 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-def is_rank0(pending: dict[str, Any], identity: tuple[str, int]) -> bool:
-    """Whether `identity` is rank 0 of the proposal (members are listed in rank order)."""
-    members = pending["members"]
-    first = next((m for m in members if m.get("rank") == 0), members[0] if members else None)
-    return first is not None and (first["peer_id"], first["incarnation"]) == tuple(identity)
-
-
-def offer_comm_id(kind: str, pending: dict[str, Any], identity: tuple[str, int], nccl: Any = None) -> str:
+def offer_comm_id(kind: str, pending: PendingGeneration, identity: tuple[str, int], nccl: Any = None) -> str:
     """Ready.comm_id for `pending`: a new NCCL unique id from its rank 0 when `kind` is nccl, else ""."""
-    if check_kind(kind) != "nccl" or not is_rank0(pending, identity):
+    if check_kind(kind) != "nccl" or pending.rank_of(identity) != 0:
         return ""
     from p2pgen.collectives.nccl import new_comm_id
 
@@ -48,13 +42,13 @@ def offer_comm_id(kind: str, pending: dict[str, Any], identity: tuple[str, int],
     return new_comm_id(nccl)
 
 
-def backend_factory(kind: str, cert: dict[str, Any], transport: Any, group: Any, **nccl_options: Any) -> Backend:
-    """The backend of the certified generation `cert` for this member (`group`: its transport Group)."""
+def backend_factory(kind: str, active: ActiveGeneration, transport: Any, group: Any, **nccl_options: Any) -> Backend:
+    """The backend of the certified generation `active` for this member (`group`: its transport Group)."""
     if check_kind(kind) == "tcp":
         return HostStagedBackend(TcpBackend(transport, group))
     from p2pgen.collectives.nccl import NcclBackend
 
-    if group.generation != cert["generation"]:
-        raise ValueError(f"group is of generation {group.generation}, certificate of {cert['generation']}")
-    return NcclBackend(cert.get("comm_id", ""), group.rank, group.world, cert["generation"], group=group,
+    if group.generation != active.generation:
+        raise ValueError(f"group is of generation {group.generation}, certificate of {active.generation}")
+    return NcclBackend(active.comm_id, group.rank, group.world, active.generation, group=group,
                        **nccl_options)

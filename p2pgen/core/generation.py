@@ -56,6 +56,14 @@ RESUMES_KEPT = 256
 TOMBSTONE_LIMIT = 256
 
 
+def on_branch(state_epoch: int, forks: tuple[tuple[int, int], ...], epoch: int, revision: int) -> bool:
+    """Whether a state of `epoch` at `revision` belongs to the history whose current epoch is `state_epoch` and
+    whose later epochs began where `forks` says ((epoch, revision) pairs). Epoch 0 means "the current one"."""
+    if epoch == 0:
+        return True
+    return epoch <= state_epoch and all(revision <= start for e, start in forks if e > epoch)
+
+
 @dataclass
 class Proposal:
     """A pending generation: its members in rank order, their votes, and (once all voted) the election."""
@@ -135,9 +143,7 @@ class GenerationMachine:
     def on_branch(self, epoch: int, revision: int) -> bool:
         """Whether a state of `epoch` at `revision` belongs to the current history: every later epoch
         began at or above it (a prefix shared by both branches). Epoch 0 means "the current one"."""
-        if epoch == 0:
-            return True
-        return epoch <= self.state_epoch and all(revision <= start for e, start in self.forks if e > epoch)
+        return on_branch(self.state_epoch, self.forks, epoch, revision)
 
     # --- the one entry point -----------------------------------------------------------------------
 

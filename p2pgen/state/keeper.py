@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from p2pgen.core import Frontier
+from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.state.checkpoint import (
     CheckpointError, CheckpointInfo, list_checkpoints, load_checkpoint, quarantine, write_checkpoint,
 )
@@ -70,8 +71,7 @@ class StateKeeperConfig:
 
 
 class StateKeeper:
-    """One process's local copy and checkpoints. `job_state` arguments are the replicated state as
-    `p2pgen show --json` prints it under "state" (the view the step loop follows)."""
+    """One process's local copy and checkpoints. `view` arguments are the job as the step loop sees it."""
 
     def __init__(self, config: StateKeeperConfig, state: SharedState, job: str, identity: tuple[str, int]) -> None:
         self.config, self.state, self.job, self.identity = config, state, job, identity
@@ -86,9 +86,9 @@ class StateKeeper:
 
     # --- before the first vote -------------------------------------------------------------------------
 
-    def restore(self, job_state: dict[str, Any]) -> str:
+    def restore(self, view: JobView) -> str:
         """Load the local copy once, if it is usable; returns a line saying what happened ("" if no copy)."""
-        self.instance = job_state["instance"]
+        self.instance = view.instance
         if self._restore_tried or self.local is None:
             return ""
         self._restore_tried = True
@@ -99,9 +99,9 @@ class StateKeeper:
             self.restored = (f"local copy of revision {info.revision} not used: this process starts at revision "
                              f"{self.state.revision} already")
             return self.restored
-        if not _on_branch(job_state, info.epoch, info.revision):
+        if not view.on_branch(info.epoch, info.revision):
             self.restored = (f"local copy of revision {info.revision} (state epoch {info.epoch}) ignored: the job "
-                             f"left that branch of history (forks {job_state.get('forks')})")
+                             f"left that branch of history (forks {list(view.forks)})")
             log.warning("%s", self.restored)
             return self.restored
         try:
@@ -119,11 +119,11 @@ class StateKeeper:
         log.warning("%s", self.restored)
         return self.restored
 
-    def vote_fields(self, job_state: dict[str, Any]) -> dict[str, Any]:
+    def vote_fields(self, view: JobView) -> dict[str, Any]:
         """What a `ready` vote says about the state (its epoch) and the newest usable checkpoint."""
-        self.instance = job_state["instance"]
+        self.instance = view.instance
         fields: dict[str, Any] = {"epoch": self.epoch}
-        best = self._best_checkpoint(job_state)
+        best = self._best_checkpoint(view)
         if best is not None:
             info, epoch = best
             fields.update(ckpt_revision=info.revision, ckpt_digest=info.digest, ckpt_epoch=epoch)
@@ -131,9 +131,9 @@ class StateKeeper:
 
     # --- between generations ---------------------------------------------------------------------------
 
-    def load_frontier_checkpoint(self, job_state: dict[str, Any], frontier: Frontier) -> str:
+    def load_frontier_checkpoint(self, view: JobView, frontier: Frontier) -> str:
         """Load the checkpoint holding `frontier` (the election chose it); returns a line for the log."""
-        for info, _ in self._candidates(job_state):
+        for info, _ in self._candidates(view):
             if (info.revision, info.digest) != (frontier.revision, frontier.digest):
                 continue
             try:
@@ -148,25 +148,25 @@ class StateKeeper:
         raise CheckpointError(f"no checkpoint of revision {frontier.revision} with digest {frontier.digest} "
                               f"is readable here any more")
 
-    def activated(self, cert: dict[str, Any]) -> None:
-        """The state now belongs to `cert`'s generation: note its epoch; save the local copy if it changed."""
-        self.epoch = int(cert.get("state_epoch", 1))
-        if self.local is not None and self._saved != (self.state.revision, cert["frontier"]["digest"]):
-            self._save_local(cert)
+    def activated(self, active: ActiveGeneration) -> None:
+        """The state now belongs to `active`: note its epoch; save the local copy if it changed."""
+        self.epoch = active.state_epoch
+        if self.local is not None and self._saved != (self.state.revision, active.frontier.digest):
+            self._save_local(active)
 
-    def committed(self, cert: dict[str, Any], rank: int) -> None:
+    def committed(self, active: ActiveGeneration, rank: int) -> None:
         """After a commit: save the local copy (every `local_every` revisions); rank 0 writes a checkpoint
         every `checkpoint_every` revisions."""
         if self.local is not None and self.state.revision % self.config.local_every == 0:
-            self._save_local(cert)
+            self._save_local(active)
         every = self.config.checkpoint_every
         if self.state.sharded and every and self.config.checkpoint_dir and self.state.revision % every == 0:
-            self._checkpoint_shards(cert)
+            self._checkpoint_shards(active)
         if rank == 0 and every and self.config.checkpoint_dir and self.state.revision % every == 0:
-            members = tuple(f"{m['peer_id']}#{m['incarnation']}" for m in cert["members"])
+            members = tuple(f"{m.peer_id}#{m.incarnation}" for m in active.members)
             try:
                 write_checkpoint(self.state, self.config.checkpoint_dir, job=self.job, instance=self.instance,
-                                 epoch=self.epoch, generation=cert["generation"], writer=self.identity,
+                                 epoch=self.epoch, generation=active.generation, writer=self.identity,
                                  owners=members, keep=self.config.checkpoint_keep)
                 self.checkpoints_written += 1
             except OSError as e:
@@ -175,10 +175,10 @@ class StateKeeper:
 
     # --- helpers -------------------------------------------------------------------------------------
 
-    def _checkpoint_shards(self, cert: dict[str, Any]) -> None:
+    def _checkpoint_shards(self, active: ActiveGeneration) -> None:
         """Write the shards this member is the first owner of (each shard once) beside the checkpoint."""
         me = f"{self.identity[0]}#{self.identity[1]}"
-        keys = [(e["object_id"], e["shard"]) for e in cert.get("ownership", []) if e["owners"][:1] == [me]]
+        keys = [(object_id, shard) for object_id, shard, owners in active.ownership if owners[:1] == (me,)]
         try:
             write_shards(self.state, self.config.checkpoint_dir, keys)
             kept = list_checkpoints(self.config.checkpoint_dir)[:max(self.config.checkpoint_keep, 1)]
@@ -188,37 +188,31 @@ class StateKeeper:
             log.error("shards of revision %d in %s failed: %s (training goes on)", self.state.revision,
                       self.config.checkpoint_dir, e)
 
-    def _save_local(self, cert: dict[str, Any]) -> None:
+    def _save_local(self, active: ActiveGeneration) -> None:
         """Save the local copy; a failure (a full tmpfs) is logged and training goes on with the older copy."""
         try:
             info = self.local.save(self.state, instance=self.instance, incarnation=self.identity[1],
-                                   generation=cert["generation"], epoch=self.epoch)
+                                   generation=active.generation, epoch=self.epoch)
         except OSError as e:
             log.error("local copy of revision %d in %s failed: %s; a crash now would resume from the previous "
                       "copy", self.state.revision, self.local.folder, e)
             return
         self._saved = (info.revision, info.digest)
 
-    def _candidates(self, job_state: dict[str, Any]) -> list[tuple[CheckpointInfo, int]]:
+    def _candidates(self, view: JobView) -> list[tuple[CheckpointInfo, int]]:
         """(checkpoint, the epoch it counts as) for every checkpoint this process may offer."""
         found = []
         if self.config.checkpoint_dir:
             for info in list_checkpoints(self.config.checkpoint_dir):
-                if (info.job, info.instance) == (self.job, job_state["instance"]):
+                if (info.job, info.instance) == (self.job, view.instance):
                     found.append((info, info.epoch))
         for folder in self.config.restore_dirs:
             found += [(info, 1) for info in list_checkpoints(folder)]      # the start of this run's history
         layout = [o.partition for o in self.state.sharded.values()]
-        return [(i, e) for i, e in found if _on_branch(job_state, e, i.revision)
+        return [(i, e) for i, e in found if view.on_branch(e, i.revision)
                 and (not layout or find_shards(i.path.parent, i.revision, layout) is not None)]
 
-    def _best_checkpoint(self, job_state: dict[str, Any]) -> tuple[CheckpointInfo, int] | None:
-        candidates = self._candidates(job_state)
+    def _best_checkpoint(self, view: JobView) -> tuple[CheckpointInfo, int] | None:
+        candidates = self._candidates(view)
         return max(candidates, key=lambda c: c[0].revision) if candidates else None
 
-
-def _on_branch(job_state: dict[str, Any], epoch: int, revision: int) -> bool:
-    """The core's rule (GenerationMachine.on_branch), read from the replicated state's JSON."""
-    current = int(job_state.get("state_epoch", 1))
-    forks = [(f["epoch"], f["revision"]) for f in job_state.get("forks", [])]
-    return epoch == 0 or (epoch <= current and all(revision <= start for e, start in forks if e > epoch))

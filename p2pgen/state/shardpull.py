@@ -18,11 +18,12 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from p2pgen import auth
+from p2pgen.core.model import ShardPull
 from p2pgen.errors import P2PGenError
 from p2pgen.state import wire
 from p2pgen.state.pull import PullConfig, Source
@@ -45,44 +46,44 @@ class ShardPullReport:
         return sum(self.bytes_by_source.values())
 
 
-def pull_shards(state: SharedState, pulls: Sequence[Mapping[str, Any]], sources: Mapping[str, Source], *,
+def pull_shards(state: SharedState, pulls: Sequence[ShardPull], sources: Mapping[str, Source], *,
                 job: str, secret: bytes, me: tuple[str, int], generation: int, frontier_revision: int,
                 config: PullConfig = PullConfig()) -> ShardPullReport:
-    """Install every shard in `pulls` (the pending generation's `shard_pulls` addressed to `me`, as the
-    replicated state's JSON has them); `sources` maps peer_id -> its state server."""
+    """Install every shard in `pulls` (the pending generation's shard pulls addressed to `me`); `sources` maps
+    peer_id -> its state server."""
     report = ShardPullReport()
     start = time.monotonic()
     key = auth.derive_key(secret, job, wire.KEY_PURPOSE)
     for sp in pulls:
-        obj = state.sharded.get(sp["object_id"])
+        obj = state.sharded.get(sp.object_id)
         if obj is None:
-            raise StateSyncError(f"told to hold shard {sp['object_id']}[{sp['shard']}] of an object this process "
+            raise StateSyncError(f"told to hold shard {sp.object_id}[{sp.index}] of an object this process "
                                  "did not declare: declare the same sharded objects on every member")
-        name = f"{sp['object_id']}[{sp['shard']}]"
-        if not sp["sources"]:
-            if frontier_revision != 0 and sp["shard"] not in obj.held:
+        name = f"{sp.object_id}[{sp.index}]"
+        if not sp.sources:
+            if frontier_revision != 0 and sp.index not in obj.held:
                 raise StateSyncError(f"{name} has no source and the frontier is revision {frontier_revision}: it "
                                      "must come from the checkpoint this member loaded, which did not hold it")
             if frontier_revision == 0:
-                obj.reset(sp["shard"])
+                obj.reset(sp.index)
                 report.rebuilt.append(name)
             continue
-        _pull_one(obj, sp, [sources[p] for p in sp["sources"] if p in sources], key, job, me, generation, config,
+        _pull_one(obj, sp, [sources[p] for p in sp.sources if p in sources], key, job, me, generation, config,
                   report, name)
     report.seconds = time.monotonic() - start
     return report
 
 
-def _pull_one(obj, sp: Mapping[str, Any], sources: Sequence[Source], key: bytes, job: str, me: tuple[str, int],
+def _pull_one(obj, sp: ShardPull, sources: Sequence[Source], key: bytes, job: str, me: tuple[str, int],
               generation: int, config: PullConfig, report: ShardPullReport, name: str) -> None:
     for source in sources:
         try:
-            data = _fetch(source, sp["object_id"], sp["shard"], sp["nbytes"], key, job, me, generation, config)
-            obj.install(sp["shard"], data, sp["digest"])
+            data = _fetch(source, sp.object_id, sp.index, sp.nbytes, key, job, me, generation, config)
+            obj.install(sp.index, data, sp.digest)
         except (P2PGenError, OSError, ShardMismatch) as e:
             report.failures[f"{name}<-{source.peer_id}"] = f"{type(e).__name__}: {e}"
             continue
-        report.bytes_by_source[source.peer_id] = report.bytes_by_source.get(source.peer_id, 0) + sp["nbytes"]
+        report.bytes_by_source[source.peer_id] = report.bytes_by_source.get(source.peer_id, 0) + sp.nbytes
         report.shards.append(f"{name}<-{source.peer_id}")
         return
     raise StateSyncError(f"could not pull shard {name} for generation {generation} from "

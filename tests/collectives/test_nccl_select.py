@@ -12,20 +12,28 @@ import pytest
 
 from p2pgen.collectives import nccl_id, nccl_lib
 from p2pgen.collectives.nccl import NcclBackend
-from p2pgen.collectives.select import backend_factory, is_rank0, offer_comm_id
+from p2pgen.collectives.select import backend_factory, offer_comm_id
+from p2pgen.core import Frontier, Member
+from p2pgen.core.view import ActiveGeneration, PendingGeneration
 from p2pgen.collectives.staged import HostStagedBackend
 from p2pgen.testing.cluster import LocalCluster
 from p2pgen.testing.fake_nccl import FakeNccl
 
 pytestmark = pytest.mark.timeout(30)
 
-PENDING = {"generation": 4, "members": [{"rank": 0, "peer_id": "a", "incarnation": 2},
-                                        {"rank": 1, "peer_id": "b", "incarnation": 1}]}
+PENDING = PendingGeneration(generation=4, parent=3, members=(Member("a", 2), Member("b", 1)), ready=frozenset(),
+                            frontier=None, pulls=(), shard_pulls=(), synced=frozenset(), hold=None)
+
+
+def certificate(generation: int, comm_id: str) -> ActiveGeneration:
+    return ActiveGeneration(generation=generation, parent=generation - 1, members=PENDING.members,
+                            frontier=Frontier(0, ""), state_epoch=1, comm_id=comm_id, ownership=(), recovery="",
+                            regressed_from=None, raft_index=1, activated_at=0.0)
 
 
 def test_only_rank0_of_a_nccl_job_offers_a_comm_id():
     fake = FakeNccl()
-    assert is_rank0(PENDING, ("a", 2)) and not is_rank0(PENDING, ("a", 1)) and not is_rank0(PENDING, ("b", 1))
+    assert PENDING.rank_of(("a", 2)) == 0 and PENDING.rank_of(("a", 1)) is None and PENDING.rank_of(("b", 1)) == 1
     assert offer_comm_id("tcp", PENDING, ("a", 2), nccl=fake) == ""
     assert offer_comm_id("nccl", PENDING, ("b", 1), nccl=fake) == ""
     offered = offer_comm_id("nccl", PENDING, ("a", 2), nccl=fake)
@@ -38,17 +46,17 @@ def test_every_member_builds_its_nccl_backend_from_the_certificate():
     fake = FakeNccl()
     with LocalCluster(2) as cluster:
         groups = cluster.groups(4)
-        cert = {"generation": 4, "comm_id": offer_comm_id("nccl", PENDING, ("a", 2), nccl=fake)}
+        cert = certificate(4, offer_comm_id("nccl", PENDING, ("a", 2), nccl=fake))
         backends = [backend_factory("nccl", cert, t, g, nccl=fake, device=fake.device())
                     for t, g in zip(cluster.transports, groups)]
         assert all(isinstance(b, NcclBackend) for b in backends)
         assert [(b.rank, b.world, b.generation) for b in backends] == [(0, 2, 4), (1, 2, 4)]
         assert backends[0].group is groups[0] and backends[0]._uid == backends[1]._uid
         with pytest.raises(ValueError, match="no communicator id"):
-            backend_factory("nccl", {"generation": 4, "comm_id": ""}, cluster.transports[0], groups[0],
+            backend_factory("nccl", certificate(4, ""), cluster.transports[0], groups[0],
                             nccl=fake, device=fake.device())
         with pytest.raises(ValueError, match="group is of generation 4, certificate of 5"):
-            backend_factory("nccl", {**cert, "generation": 5}, cluster.transports[0], groups[0], nccl=fake)
+            backend_factory("nccl", certificate(5, cert.comm_id), cluster.transports[0], groups[0], nccl=fake)
         tcp = backend_factory("tcp", cert, cluster.transports[0], groups[0])
         assert isinstance(tcp, HostStagedBackend) and tcp.generation == 4
         tcp.close()

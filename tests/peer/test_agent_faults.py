@@ -65,7 +65,7 @@ class FakeAgent:
         with self.changed:
             return {"state": state_json(self.machine),
                     "raft": {"term": 1, "index": self.index, "leader": None if self.leaderless else "fake",
-                             "nodes": ["fake"], "self": "fake"},
+                             "nodes": ["fake"], "self": "fake", "agents": [self.addr]},
                     "agent": {"peer_id": PEER, "addr": self.addr, "incarnation": 1, "app_pid": None}}
 
     def register(self, incarnation: int = 1) -> None:

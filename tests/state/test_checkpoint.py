@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from p2pgen.core import Frontier
+from p2pgen.core import Frontier, Member
+from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.state import (
     CheckpointError, StateKeeper, StateKeeperConfig, list_checkpoints, load_checkpoint, write_checkpoint,
 )
@@ -94,8 +95,15 @@ def test_save_checkpoint_outside_a_job_can_be_restored_from(tmp_path):
 
 # --- the StateKeeper: what a vote offers, what a process restores -------------------------------------
 
+def active(generation, revision, digest, members=()):
+    return ActiveGeneration(generation=generation, parent=generation - 1, members=members,
+                            frontier=Frontier(revision, digest), state_epoch=1, comm_id="", ownership=(), recovery="",
+                            regressed_from=None, raft_index=generation, activated_at=0.0)
+
+
 def job_state(instance=RUN, epoch=1, forks=()):
-    return {"instance": instance, "state_epoch": epoch, "forks": [{"epoch": e, "revision": r} for e, r in forks]}
+    return JobView(job="job", instance=instance, index=1, leader="n1", agents=1, members=(), active=None, pending=None,
+                   tombstones=frozenset(), state_epoch=epoch, forks=tuple(forks))
 
 
 def test_a_vote_offers_the_newest_checkpoint_of_this_run_or_of_a_restore_folder(tmp_path):
@@ -134,8 +142,7 @@ def test_the_frontier_checkpoint_is_loaded_and_a_bad_one_set_aside(tmp_path):
 
 
 def test_rank_zero_writes_every_n_revisions_and_everyone_saves_the_local_copy(tmp_path):
-    cert = {"generation": 4, "state_epoch": 1, "members": [{"peer_id": "a", "incarnation": 2}],
-            "frontier": {"revision": 0, "digest": ""}}
+    cert = active(4, 0, "", members=(Member("a", 2),))
     states = {rank: at(0) for rank in (0, 1)}
     keepers = {rank: StateKeeper(StateKeeperConfig(local_dir=str(tmp_path / f"local{rank}"),
                                                    checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3),
@@ -154,7 +161,7 @@ def test_restore_uses_a_copy_of_this_run_and_branch_only(tmp_path):
     saved = at(9)
     keeper = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path)), saved, "job", ("a", 1))
     keeper.vote_fields(job_state())
-    keeper.activated({"generation": 3, "state_epoch": 1, "frontier": {"revision": 9, "digest": "x"}})
+    keeper.activated(active(3, 9, "x"))
     for js, revision in ((job_state(instance="another run"), 0), (job_state(epoch=2, forks=[(2, 5)]), 0),
                          (job_state(epoch=2, forks=[(2, 9)]), 9)):
         state = at(0)
@@ -167,10 +174,10 @@ def test_the_local_copy_every_n_commits_is_also_saved_at_each_activation(tmp_pat
     state = at(0)
     keeper = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path), local_every=3), state, "job", ("a", 1))
     keeper.vote_fields(job_state())
-    cert = {"generation": 2, "state_epoch": 1, "frontier": {"revision": 0, "digest": ""}}
+    cert = active(2, 0, "")
     for _ in range(7):
         state.commit()
         keeper.committed(cert, 1)
     assert keeper.local.describe().revision == 6
-    keeper.activated({**cert, "generation": 3, "frontier": {"revision": 7, "digest": state.digest()}})
+    keeper.activated(active(3, 7, state.digest()))
     assert keeper.local.describe().revision == 7          # the certified revision is always in the copy

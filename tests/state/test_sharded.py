@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from p2pgen.core.model import ShardPull
 from p2pgen.core.ownership import parse_layout, parse_shards
+from p2pgen.core.view import JobView
 from p2pgen.state import SharedState, ShardMismatch
 
 pytestmark = pytest.mark.timeout(30)
@@ -62,7 +64,7 @@ def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers):
     digest = good.sharded["adam"].digest(1)
     s_stale, s_good = servers(stale, ("stale", 1)), servers(good, ("good", 1))
     with s_stale.serving(3), s_good.serving(3):
-        pulls = [{"object_id": "adam", "shard": 1, "nbytes": 8, "sources": ["stale", "good"], "digest": digest}]
+        pulls = [ShardPull("p", 1, "adam", 1, 8, ("stale", "good"), digest)]
         report = pull_shards(puller, pulls, {"stale": source_of(s_stale), "good": source_of(s_good)}, job=JOB,
                              secret=SECRET, me=("p", 1), generation=3, frontier_revision=7,
                              config=PullConfig(chunk_bytes=3))
@@ -79,7 +81,7 @@ def test_pull_shards_fails_loudly_when_no_source_has_it(servers):
     puller = _sharded([0] * 6, [])
     server = servers(other, ("o", 1))
     with server.serving(2):
-        pulls = [{"object_id": "adam", "shard": 2, "nbytes": 8, "sources": ["o"], "digest": "x"}]
+        pulls = [ShardPull("p", 1, "adam", 2, 8, ("o",), "x")]
         with pytest.raises(StateSyncError, match="could not pull shard adam\\[2\\]"):
             pull_shards(puller, pulls, {"o": source_of(server)}, job=JOB, secret=SECRET, me=("p", 1),
                         generation=2, frontier_revision=5)
@@ -122,7 +124,8 @@ def test_checkpointed_shards_are_written_once_each_and_a_checkpoint_is_complete_
 def test_keeper_offers_a_sharded_checkpoint_only_when_every_shard_is_there(tmp_path):
     from p2pgen.state import StateKeeper, StateKeeperConfig
     from p2pgen.state.checkpoint import write_checkpoint
-    job_state = {"instance": "i", "state_epoch": 1, "forks": []}
+    job_state = JobView(job="job", instance="i", index=1, leader="n1", agents=1, members=(), active=None,
+                        pending=None, tombstones=frozenset(), state_epoch=1, forks=())
     a = _sharded([1, 2, 3, 4, 5, 6], [0, 1, 2])
     a.revision = 10
     write_checkpoint(a, tmp_path, job="job", instance="i", epoch=1, generation=3, writer=("a", 1))
@@ -145,7 +148,7 @@ def test_pull_shards_goes_on_from_the_next_source_when_one_stops_serving(servers
     s_good = servers(good, ("good", 1))
     digest = good.sharded["adam"].digest(1)
     with s_good.serving(4):
-        pulls = [{"object_id": "adam", "shard": 1, "nbytes": 8, "sources": ["gone", "good"], "digest": digest}]
+        pulls = [ShardPull("p", 1, "adam", 1, 8, ("gone", "good"), digest)]
         report = pull_shards(puller, pulls, {"gone": source_of(s_gone), "good": source_of(s_good)}, job=JOB,
                              secret=SECRET, me=("p", 1), generation=4, frontier_revision=7,
                              config=PullConfig(chunk_bytes=4, op_timeout=5.0))

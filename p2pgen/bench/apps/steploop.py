@@ -29,22 +29,26 @@ import numpy as np
 
 import p2pgen
 from p2pgen.auth import load_secret
-from p2pgen.peer import Peer
+from p2pgen.core.follower import Action, Exit, FollowerPolicy
+from p2pgen.peer import Peer, PeerObserver
 
 IN, OUT, GLOBAL_BATCH = 1024, 512, 32
 LR, MOMENTUM = 0.01, 0.9
 RESTART_EXIT = 75
 
 
-class RestartAllPeer(Peer):
-    """Ends the process at the first generation change after it was active (its agent restarts it)."""
+RESTART_ALL = FollowerPolicy(restart_on_change=True)
 
-    def _enter_next_generation(self) -> None:
-        if self.backend is not None:
-            self.trace.record("restart_all", generation=self.backend.generation, revision=self.state.revision)
-            self.trace.close()
+
+class RestartOnChange(PeerObserver):
+    """restart-all: the follower says Exit at the first generation change after this process was active; end the
+    process at once with RESTART_EXIT (its agent restarts it), as torchrun's workers do."""
+
+    def before(self, peer: Peer, action: Action) -> None:
+        if isinstance(action, Exit) and peer.backend is not None:
+            peer.trace.record("restart_all", generation=peer.backend.generation, revision=peer.state.revision)
+            peer.trace.close()
             os._exit(RESTART_EXIT)
-        super()._enter_next_generation()
 
 
 def initial_tensors() -> dict[str, np.ndarray]:
@@ -90,9 +94,9 @@ def join(policy: str, state: p2pgen.SharedState, trace_dir: Path) -> Peer:
     trace = str(trace_dir / f"{env['P2PGEN_PEER_ID'].replace('/', '_')}-{env['P2PGEN_INCARNATION']}.jsonl")
     if policy == "p2pgen":
         return p2pgen.join(state=state, trace=trace)
-    return RestartAllPeer(env["P2PGEN_JOB"], state, env["P2PGEN_AGENT"], env["P2PGEN_PEER_ID"],
-                          int(env["P2PGEN_INCARNATION"]), load_secret(env.get("P2PGEN_SECRET_FILE"), env["P2PGEN_JOB"]),
-                          env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace)
+    return Peer(env["P2PGEN_JOB"], state, env["P2PGEN_AGENT"], env["P2PGEN_PEER_ID"], int(env["P2PGEN_INCARNATION"]),
+                load_secret(env.get("P2PGEN_SECRET_FILE"), env["P2PGEN_JOB"]), env["P2PGEN_DATA_ADDR"],
+                env["P2PGEN_STATE_ADDR"], trace_path=trace, policy=RESTART_ALL, observer=RestartOnChange())
 
 
 def train(peer: Peer, state: p2pgen.SharedState, args: argparse.Namespace) -> None:
@@ -101,7 +105,7 @@ def train(peer: Peer, state: p2pgen.SharedState, args: argparse.Namespace) -> No
         if step.generation != generation:
             generation = step.generation
             peer.trace.record("certificate", generation=generation, world=step.world,
-                              activated_at=peer.certificate["activated_at"])
+                              activated_at=peer.certificate.activated_at if peer.certificate else None)
         with step:
             time.sleep(args.step_delay)
             grad = shard_gradient(state.tensors["w"], w_true, step.revision, step.rank, step.world)

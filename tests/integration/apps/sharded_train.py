@@ -35,7 +35,7 @@ def reference(steps: int) -> np.ndarray:
 
 def first_owned(peer: p2pgen.Peer) -> set[int]:
     me = f"{peer.peer_id}#{peer.incarnation}"
-    return {e["shard"] for e in peer.certificate.get("ownership", []) if e["owners"][0] == me}
+    return {shard for _, shard, owners in peer.certificate.ownership if owners[0] == me}
 
 
 def main() -> None:
