@@ -65,6 +65,7 @@ from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, Pe
 from p2pgen.state import (
     CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, pull_state,
 )
+from p2pgen.state.pull import PullConfig
 from p2pgen.state.shardpull import pull_shards
 from p2pgen.stress.progress import Progress
 from p2pgen.transport import Endpoint, Group, Transport
@@ -223,13 +224,15 @@ class Peer:
                  secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
                  reform_after: float = REFORM_AFTER_S, backend: str = "tcp", channel_addr: str | None = None,
                  channel_dir: str | None = None, keep: StateKeeperConfig | None = None,
-                 policy: FollowerPolicy = CERTIFIED, observer: "PeerObserver | None" = None) -> None:
+                 policy: FollowerPolicy = CERTIFIED, observer: "PeerObserver | None" = None,
+                 shard_pull_config: PullConfig = PullConfig()) -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
         self.backend_kind = check_kind(backend)
         self.identity = (peer_id, incarnation)
         self.keeper = StateKeeper(keep, state, job, self.identity) if keep is not None and keep.enabled else None
         self.lineage = 0                 # the generation this process's state belongs to (see core: lineage)
         self.secret = secret
+        self.shard_pull_config = shard_pull_config
         self.trace = Trace(trace_path, self.identity)
         self.follower = Follower(self.identity, time.monotonic(), policy, reform_after)
         self.observer = observer or PeerObserver()
@@ -520,7 +523,8 @@ class Peer:
         sources = self._sources(view, sorted({p for sp in action.shard_pulls for p in sp.sources}))
         try:
             report = pull_shards(self.state, action.shard_pulls, sources, job=self.job, secret=self.secret,
-                                 me=self.identity, generation=generation, frontier_revision=action.frontier_revision)
+                                 me=self.identity, generation=generation, frontier_revision=action.frontier_revision,
+                                 config=self.shard_pull_config)
         except P2PGenError as e:
             log.warning("shard pulls for generation %d failed: %s", generation, e)
             self.trace.record("shard_pull_failed", generation=generation, reason=str(e))

@@ -16,7 +16,7 @@ Injection points inside one step of revision r (schedule.STEP_POINTS, in this or
     -> [all-reduce bucket 1] -> after_allreduce -> momentum written -> mid_optimizer -> weights written
     -> commit -> after_commit
 Mid-collective faults count the frames this member hands to the ring in bucket 0's all-reduce; the
-count is taken by wrapping `p2pgen.collectives.tcp._Pipe` in this process only. Frame k is capped to the
+count comes from the data plane's frame hook (`p2pgen.transport.hooks`). Frame k is capped to the
 last frame the ring sends at the current world size, so a fault aimed at a 4-member ring still fires when
 the world shrank.
 Collectives of one generation are identified by (generation, attempt): the members of a generation run
@@ -50,14 +50,12 @@ import numpy as np
 from p2pgen.agent.client import AgentClient
 from p2pgen.chaos import model, policies
 from p2pgen.chaos.schedule import ANY_PEER, STALE_BACK, Injection
-from p2pgen.collectives import tcp
 from p2pgen.core.voters import majority_up
 from p2pgen.errors import P2PGenError
 from p2pgen.peer import Peer
-from p2pgen.state import SharedState, shardpull, wire
+from p2pgen.state import SharedState, wire
 from p2pgen.state.keeper import ENV_LOCAL
-from p2pgen.state.pull import PullConfig
-from p2pgen.transport import FrameKind
+from p2pgen.transport import FrameKind, hooks
 
 TWO_AGENTS_GAP_S = 0.2           # kill_two_agents: well inside the detection timeout (1.0 s)
 VOTER_REPAIR_WAIT_S = 10.0       # agent kills: longest wait for the voters to be able to lose that agent
@@ -83,7 +81,6 @@ class Injector:
         self.mine = [i for i in self.all if i.peer in (peer_id, ANY_PEER)]
         self.peer: Peer | None = None
         self.frames_armed: tuple[int, int, int] | None = None      # (collective seq, revision, world)
-        self.fetching: str | None = None          # the source of the shard being pulled now
         self.committed: collections.deque = collections.deque(maxlen=STALE_BACK + 1)   # stale_replica's copies
 
     def at(self, point: str, revision: int, **context: Any) -> None:
@@ -103,9 +100,9 @@ class Injector:
                              frame=sent)
                     self._fire(inj, {})
 
-    def on_shard_chunk(self, chunk: int) -> None:
-        """A chunk of a shard arrived from `self.fetching`: kill_shard_source kills that source after the first."""
-        source, revision = self.fetching, self.peer.state.revision if self.peer else 0
+    def on_shard_chunk(self, source: str, chunk: int) -> None:
+        """A chunk of a shard arrived from `source`: kill_shard_source kills that source after the first."""
+        revision = self.peer.state.revision if self.peer else 0
         for inj in self.mine:
             if inj.point == "shard_pull" and chunk == 0 and source and revision >= inj.revision and self._claim(inj):
                 self.log("inject", kind=inj.kind, point="shard_pull", revision=revision, name=inj.name,
@@ -333,38 +330,15 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _count_frames(injector: Injector) -> None:
-    """Wrap the ring's frame sender of this process so that mid-collective faults can fire after frame k."""
-    base = tcp._Pipe
-
-    class CountingPipe(base):  # type: ignore[misc, valid-type]
-        def send(self, arr: np.ndarray, *rest: Any) -> None:     # the private signature may grow: pass it on
-            super().send(arr, *rest)
-            if self.kind == FrameKind.COLLECTIVE:
-                injector.on_frame(self.seq, self.sent)
-    tcp._Pipe = CountingPipe
-
-
-def _count_shard_chunks(injector: Injector) -> None:
-    """Pull shards in SHARD_CHUNK-byte frames, and tell the injector of each chunk and of its source."""
-    shardpull.pull_shards.__kwdefaults__["config"] = PullConfig(chunk_bytes=SHARD_CHUNK)
-    fetch, base = shardpull._fetch, wire.FrameReceiver
-
-    def counting_fetch(source: Any, *rest: Any, **kw: Any) -> np.ndarray:
-        injector.fetching = source.peer_id
-        try:
-            return fetch(source, *rest, **kw)
-        finally:
-            injector.fetching = None
-
-    class CountingReceiver(base):  # type: ignore[misc, valid-type]
-        def recv(self, kind: int, op_seq: int, chunk: int, *rest: Any) -> Any:
-            out = super().recv(kind, op_seq, chunk, *rest)
-            if injector.fetching is not None and kind == wire.CHUNK:
-                injector.on_shard_chunk(chunk)
-            return out
-    shardpull._fetch = counting_fetch
-    wire.FrameReceiver = CountingReceiver
+def watch_frames(injector: Injector) -> None:
+    """Mid-collective and mid-shard-pull faults fire from the data plane's frame hook: after this member posted
+    frame k of a collective, and after the first chunk of a shard arrived from its source."""
+    def on_frame(event: hooks.FrameEvent) -> None:
+        if event.plane == hooks.COLLECTIVE and event.direction == "posted" and event.kind == FrameKind.COLLECTIVE:
+            injector.on_frame(event.op_seq, event.chunk + 1)
+        elif event.plane == hooks.SHARD and event.kind == wire.CHUNK:
+            injector.on_shard_chunk(event.peer[0], event.chunk)
+    hooks.add_frame_hook(on_frame)
 
 
 def sharded_starting_state(run_dir: str, peer_id: str) -> tuple[SharedState, dict[str, Any]]:
@@ -470,12 +444,11 @@ def main(run_dir: str) -> int:
     log("start", policy=policy, revision=state.revision, digest=state.digest(), **origin,
         **({"shards": shard_digests(state)} if sharded else {}))
     injector = Injector(run_dir, config, peer_id, log)
-    _count_frames(injector)
+    watch_frames(injector)
     if sharded:
-        _count_shard_chunks(injector)
         injector.committed.append((state.revision, state.tensors["w"].copy(), state.tensors["m"].copy(),
                                    {i: a.copy() for i, a in state.sharded[model.SHARDED].held.items()}))
-    peer = policies.join(policy, state, injector.at, log)
+    peer = policies.join(policy, state, injector.at, log, shard_chunk=SHARD_CHUNK if sharded else None)
     injector.peer = peer
     attempts: dict[int, int] = {}
     try:

@@ -32,6 +32,7 @@ from p2pgen.auth import load_secret
 from p2pgen.core.follower import CERTIFIED, Action, Activate, Exit, Fetch, FollowerPolicy, Vote
 from p2pgen.peer import Peer, PeerObserver
 from p2pgen.state import SharedState, StateKeeperConfig
+from p2pgen.state.pull import PullConfig
 
 CHECKPOINT_EVERY = 5
 RESTART_ALL_EXIT = 75
@@ -81,13 +82,15 @@ def shard_fields(peer: Peer) -> dict[str, Any]:
             "ownership": [[o, i, list(w)] for o, i, w in cert.ownership]}
 
 
-def join(policy: str, state: SharedState, hook: Hook, record: Record) -> Peer:
-    """`p2pgen.join()` for one policy (reads the environment the agent set)."""
+def join(policy: str, state: SharedState, hook: Hook, record: Record, shard_chunk: int | None = None) -> Peer:
+    """`p2pgen.join()` for one policy (reads the environment the agent set). `shard_chunk`: bytes per shard-pull
+    frame (small, so that a fault can fire between the chunks of one shard)."""
     env = os.environ
     return Peer(env["P2PGEN_JOB"], state, env["P2PGEN_AGENT"], env["P2PGEN_PEER_ID"], int(env["P2PGEN_INCARNATION"]),
                 load_secret(env.get("P2PGEN_SECRET_FILE"), env["P2PGEN_JOB"]), env["P2PGEN_DATA_ADDR"],
                 env["P2PGEN_STATE_ADDR"], keep=StateKeeperConfig.from_env(env) if policy == "certified" else None,
-                policy=POLICIES[policy], observer=ChaosObserver(hook, record))
+                policy=POLICIES[policy], observer=ChaosObserver(hook, record),
+                shard_pull_config=PullConfig(chunk_bytes=shard_chunk) if shard_chunk else PullConfig())
 
 
 # --- where each policy's process starts from, and what it saves ------------------------------------------

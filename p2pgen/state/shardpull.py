@@ -30,7 +30,7 @@ from p2pgen.state.pull import PullConfig, Source
 from p2pgen.state.shared import SharedState
 from p2pgen.state.sharded import ShardMismatch
 from p2pgen.state.wire import StateSyncError
-from p2pgen.transport import handshake
+from p2pgen.transport import handshake, hooks
 
 
 @dataclass
@@ -99,7 +99,7 @@ def _fetch(source: Source, object_id: str, index: int, nbytes: int, key: bytes, 
                                                   auth.new_nonce()))
         sock.settimeout(config.op_timeout)
         rx = wire.FrameReceiver(sock, job, generation, (source.peer_id, source.incarnation), config.max_frame_bytes,
-                                wire.Counters())
+                                wire.Counters(), plane=hooks.SHARD)
         cb = config.chunk_bytes
         n = wire.chunk_count(nbytes, cb)
         buf = np.empty(nbytes, np.uint8)

@@ -26,7 +26,7 @@ import threading
 import msgpack
 
 from p2pgen.errors import P2PGenError, PeerLost, ProtocolError
-from p2pgen.transport import frame
+from p2pgen.transport import frame, hooks
 
 MANIFEST, OBJECTS, CHUNK, ERROR = 16, 17, 18, 19   # frame kinds; the data plane uses 1 and 2
 MAX_REQUEST = 64 << 10
@@ -144,9 +144,10 @@ class FrameReceiver:
     """The puller's side: checks every frame against the expected stamp before anyone uses it."""
 
     def __init__(self, sock: socket.socket, job: str, generation: int, source: tuple[str, int],
-                 max_frame_bytes: int, counters: Counters) -> None:
+                 max_frame_bytes: int, counters: Counters, plane: str = hooks.STATE) -> None:
         self.sock = sock
         self.source = source
+        self.plane = plane             # what the frames are for, as frame hooks are told (state or shard pull)
         self._stamp = (frame.job_tag(job), generation, source[1])
         self._max = max_frame_bytes
         self._counters = counters
@@ -156,12 +157,14 @@ class FrameReceiver:
         """The payload of the next frame, which must be (kind, op_seq, chunk) and, with `into`, exactly
         len(into) bytes, read straight into it. Raises ProtocolError (counted) or PeerLost."""
         try:
-            return self._recv(kind, op_seq, chunk, into)
+            payload = self._recv(kind, op_seq, chunk, into)
         except Refused as e:
             self._counters.add(e.reason)
             raise PeerLost(f"state source {self.source} closed the connection ({e.detail})") from e
         except OSError as e:
             raise PeerLost(f"receiving state from {self.source} failed: {e!r}") from e
+        hooks.frame_moved(self.plane, "received", kind, op_seq, chunk, len(payload), self.source)
+        return payload
 
     def _recv(self, kind: int, op_seq: int, chunk: int, into: memoryview | None):
         recv_exact(self.sock, len(self._hdr), memoryview(self._hdr))

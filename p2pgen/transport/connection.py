@@ -31,7 +31,7 @@ import xxhash
 
 from p2pgen import faults
 from p2pgen.errors import PeerLost, ProtocolError
-from p2pgen.transport import frame
+from p2pgen.transport import frame, hooks
 from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
@@ -115,11 +115,12 @@ class Connection:
                                    digest)
         if not inline:
             self._queue.put((header, payload))
-            return
-        if self._send_error is None:
-            self._send_one(header, payload)
-        if self._send_error is not None:
-            raise self._send_error
+        else:
+            if self._send_error is None:
+                self._send_one(header, payload)
+            if self._send_error is not None:
+                raise self._send_error
+        hooks.frame_moved(hooks.COLLECTIVE, "posted", kind, op_seq, chunk, payload.nbytes, self.peer)
 
     def flush(self) -> None:
         """Wait until every posted frame was handed to the kernel; raises the send error, if any."""
@@ -178,6 +179,7 @@ class Connection:
                             f"{len(slot.view)} bytes: do all members call the same collectives, in the same "
                             "order, with the same shapes and dtypes?")
             slot.fill((kind, op_seq, chunk))
+            hooks.frame_moved(hooks.COLLECTIVE, "received", kind, op_seq, chunk, h.length, self.peer)
             return payload_digest
 
     def peek_header(self) -> frame.Header | None:

@@ -8,6 +8,8 @@ import pytest
 from p2pgen.core.model import ShardPull
 from p2pgen.core.ownership import parse_layout, parse_shards
 from p2pgen.core.view import JobView
+from p2pgen.state import wire
+from p2pgen.transport import hooks
 from p2pgen.state import SharedState, ShardMismatch
 
 pytestmark = pytest.mark.timeout(30)
@@ -63,11 +65,18 @@ def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers):
     puller = _sharded([0] * 6, [0])
     digest = good.sharded["adam"].digest(1)
     s_stale, s_good = servers(stale, ("stale", 1)), servers(good, ("good", 1))
-    with s_stale.serving(3), s_good.serving(3):
-        pulls = [ShardPull("p", 1, "adam", 1, 8, ("stale", "good"), digest)]
-        report = pull_shards(puller, pulls, {"stale": source_of(s_stale), "good": source_of(s_good)}, job=JOB,
-                             secret=SECRET, me=("p", 1), generation=3, frontier_revision=7,
-                             config=PullConfig(chunk_bytes=3))
+    chunks: list[tuple[str, int, int]] = []
+    remove = hooks.add_frame_hook(lambda e: chunks.append((e.peer[0], e.chunk, e.nbytes))
+                                  if e.plane == hooks.SHARD and e.kind == wire.CHUNK else None)
+    try:
+        with s_stale.serving(3), s_good.serving(3):
+            pulls = [ShardPull("p", 1, "adam", 1, 8, ("stale", "good"), digest)]
+            report = pull_shards(puller, pulls, {"stale": source_of(s_stale), "good": source_of(s_good)}, job=JOB,
+                                 secret=SECRET, me=("p", 1), generation=3, frontier_revision=7,
+                                 config=PullConfig(chunk_bytes=3))
+    finally:
+        remove()
+    assert chunks == [(src, c, n) for src in ("stale", "good") for c, n in ((0, 3), (1, 3), (2, 2))]  # frame hook
     assert puller.sharded["adam"].held[1].tolist() == [3.0, 4.0]
     assert report.shards == ["adam[1]<-good"] and report.bytes_by_source == {"good": 8}
     assert "adam[1]<-stale" in report.failures and "does not hash" in report.failures["adam[1]<-stale"]
