@@ -8,9 +8,13 @@ incarnation, keeps the voter set healthy while its node leads (`voters`), and se
 application's local API.
 
 Threads: the RPC server (one thread per connection), the Raft node(s), the heartbeat runner, the voter manager,
-waitpid waiters, and the *driver*, the only thread that makes membership decisions for this peer: it consumes
-events and the latest Raft view. The driver never blocks for long: registrations, votes and relaunches are
-retried on its next turn, so an event (a leave, an exit) is always handled within a turn.
+waitpid waiters, and the *driver*, the only thread that decides about this peer's member (register it, relaunch
+its application, vote for an application that did not attach, react to its eviction): it consumes events and
+the latest Raft view, level-triggered (it compares the replicated state with what it wants, every turn). Other
+threads act on Raft too, on request: an RPC thread submits its application's commands and prepares a voter
+node when the leader's voter manager asks (`prepare_voter`), and the voter manager changes the voter set while
+this agent's node leads. The driver never blocks for long: registrations, votes and relaunches are retried on
+its next turn, so an event (a leave, an exit) is always handled within a turn.
 Invariants kept:
 - I3: every incarnation this agent registers is new (the last one seen in the replicated state + 1); an
   incarnation it learns was evicted is never used again: the application is killed and restarted once;
