@@ -1,9 +1,12 @@
 """The Peer inside the application: its agent link, its data plane, and the step loop.
 
 Owns: one incarnation's participation in generations. `peer.steps()` yields one `Step` per training
-step of the current generation; between generations it quiesces the old communicator, votes `ready`
-with its revision and digest, pulls the frontier state if told to, reports `synced`, waits for the
-certificate, and builds the next generation's communicator from the certificate's rank map.
+step of the current generation; between generations it performs what its follower
+(`p2pgen.core.follower`, pure) decides on the latest view of the job (`p2pgen.core.view.JobView`): quiesce
+the old communicator, vote `ready` with its revision and digest, pull the frontier state if told to, report
+`synced`, and build the next generation's communicator from the certificate's rank map. The Peer is the shell:
+it gathers the snapshot, performs the action (I/O, clocks, threads) and reports the result back; a
+`PeerObserver` may watch every action (the chaos benchmark's fault hooks and records).
 
 Contract (in the style of torchft): the body of a step runs inside `with step:`.
 ```python
@@ -382,7 +385,7 @@ class Peer:
             ok = self._perform(action, view)
             self.observer.after(self, action, ok)
             if ok is not True:                 # nothing to do, refused, or not possible now: wait for a new view
-                self._wait_view(VIEW_WAIT_S)
+                self._wait_view(view, VIEW_WAIT_S)
 
     def _local(self) -> Local:
         backend = self.backend
@@ -615,9 +618,10 @@ class Peer:
 
     # --- watching the agent --------------------------------------------------------------------------
 
-    def _wait_view(self, timeout: float) -> None:
+    def _wait_view(self, seen: JobView, timeout: float) -> None:
+        """Wait (at most `timeout`) for a view newer than `seen`; at once if one arrived since."""
         with self._view_lock:
-            self._view_lock.wait(timeout)
+            self._view_lock.wait_for(lambda: self.view is not seen, timeout)
 
     def _watch(self, agent_addr: str) -> None:
         """Follow the replicated state; abort the communicator as soon as a member of our generation is

@@ -46,6 +46,7 @@ from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
 from p2pgen.core import Command, Configure, Kept, Leave, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
+from p2pgen.core.steward import relaunch_due, vote_owed
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
@@ -370,17 +371,15 @@ class Agent:
         self._vote_for_member(view)
 
     def _vote_for_member(self, view: RaftView) -> None:
-        pending = view.machine.pending
-        if pending is None or not self._votes_for_member() or self._voted == (pending.generation, self.incarnation):
+        assert self.incarnation is not None
+        generation = vote_owed(view.machine, self.config.peer_id, self.incarnation, self._voted)
+        if generation is None or not self._votes_for_member():
             return
-        member = pending.member(self.config.peer_id)
-        if member is None or member.incarnation != self.incarnation:
-            return
-        outcome = self._submit(Ready(pending.generation, self.config.peer_id, self.incarnation, "proved", 0, "", 0,
-                                     at=time.time()), f"ready for g{pending.generation}")
+        outcome = self._submit(Ready(generation, self.config.peer_id, self.incarnation, "proved", 0, "", 0,
+                                     at=time.time()), f"ready for g{generation}")
         if outcome is not None:
-            self._voted = (pending.generation, self.incarnation)
-            log.info("ready for g%d: %s", pending.generation, outcome.reason)
+            self._voted = (generation, self.incarnation)
+            log.info("ready for g%d: %s", generation, outcome.reason)
 
     def _votes_for_member(self) -> bool:
         """The agent votes for itself, or for an application that did not attach within the grace period."""
@@ -471,11 +470,8 @@ class Agent:
         relaunch = self._relaunch
         if relaunch is None:
             return
-        machine = self.node.view().machine
-        identity = (self.config.peer_id, relaunch.incarnation)
-        in_active = machine.active is not None and identity in {m.identity for m in machine.active.members}
-        held = machine.pending is not None and machine.pending.hold is not None   # waiting for state we may hold
-        if in_active and machine.members and not held and time.monotonic() < relaunch.due:
+        if not relaunch_due(self.node.view().machine, (self.config.peer_id, relaunch.incarnation), time.monotonic(),
+                            relaunch.due):
             return
         self._relaunch = None
         self._launch_app()

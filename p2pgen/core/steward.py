@@ -1,0 +1,35 @@
+"""What an agent decides about its own member, from the replicated state: pure rules its driver's
+level-triggered reconcile applies every turn (the driver performs them: Raft submits, process launches).
+
+Owns: when a dead application's next incarnation may start, and when the agent owes a `ready` vote on its
+member's behalf. Eviction is the machine's own `was_evicted`.
+Invariants kept:
+- a death is visible in the history as its own certified generation: the next incarnation starts once the
+  job certified a generation without the dead one, unless nobody can (no member left, or the pending proposal
+  is held waiting for state this host may bring back), or the bounded wait is over;
+- the agent votes at most once per (pending generation, incarnation), and only for its own current member.
+"""
+
+from __future__ import annotations
+
+from p2pgen.core.generation import GenerationMachine
+
+
+def relaunch_due(machine: GenerationMachine, identity: tuple[str, int], now: float, due: float) -> bool:
+    """Whether the application of `identity` (which died) may be started again as a new incarnation now."""
+    in_active = machine.active is not None and identity in {m.identity for m in machine.active.members}
+    held = machine.pending is not None and machine.pending.hold is not None
+    return not (in_active and machine.members and not held and now < due)
+
+
+def vote_owed(machine: GenerationMachine, peer_id: str, incarnation: int,
+              voted: tuple[int, int] | None) -> int | None:
+    """The pending generation the agent must vote `ready` for on behalf of `peer_id#incarnation` (its member,
+    whose application did not attach), or None. `voted`: the (generation, incarnation) it last voted for."""
+    pending = machine.pending
+    if pending is None or voted == (pending.generation, incarnation):
+        return None
+    member = pending.member(peer_id)
+    if member is None or member.incarnation != incarnation:
+        return None
+    return pending.generation

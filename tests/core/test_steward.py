@@ -1,0 +1,45 @@
+"""The agent's decisions about its own member (p2pgen.core.steward), on the real machine."""
+
+from __future__ import annotations
+
+from p2pgen.core import GenerationMachine, LogPosition, Ready, Register, Suspect
+from p2pgen.core.steward import relaunch_due, vote_owed
+
+
+def machine_of(*commands) -> GenerationMachine:
+    m = GenerationMachine("job")
+    for i, command in enumerate(commands, 1):
+        assert m.apply(command, LogPosition(1, i)).ok, command
+    return m
+
+
+def test_the_agent_owes_one_vote_per_pending_generation_for_its_own_current_member_only():
+    m = machine_of(Register("a", 1), Register("b", 1))
+    generation = m.pending.generation
+    assert vote_owed(m, "a", 1, None) == generation
+    assert vote_owed(m, "a", 1, (generation, 1)) is None          # voted already
+    assert vote_owed(m, "a", 1, (generation - 1, 1)) == generation
+    assert vote_owed(m, "a", 2, None) is None                     # not the member's incarnation
+    assert vote_owed(m, "c", 1, None) is None                     # not proposed
+    m.apply(Ready(generation, "a", 1, "proved", 0, ""), LogPosition(1, 3))
+    m.apply(Ready(generation, "b", 1, "proved", 0, ""), LogPosition(1, 4))
+    assert m.pending is None and vote_owed(m, "a", 1, None) is None
+
+
+def test_a_dead_application_restarts_once_a_generation_without_it_is_certified_or_the_wait_is_over():
+    m = machine_of(Register("a", 1), Register("b", 1))
+    g = m.pending.generation
+    m.apply(Ready(g, "a", 1, "proved", 0, ""), LogPosition(1, 3))
+    m.apply(Ready(g, "b", 1, "proved", 0, ""), LogPosition(1, 4))
+    m.apply(Suspect("a", "a", 1, "application died"), LogPosition(1, 5))
+    assert not relaunch_due(m, ("a", 1), now=1.0, due=5.0)        # g (with a#1) still active: wait for b's
+    assert relaunch_due(m, ("a", 1), now=5.0, due=5.0)            # bounded
+    m.apply(Ready(m.pending.generation, "b", 1, "proved", 0, ""), LogPosition(1, 6))
+    assert m.active.generation > g and relaunch_due(m, ("a", 1), now=1.0, due=5.0)   # certified without a#1
+
+
+def test_nobody_left_or_a_held_proposal_does_not_wait_for_a_generation_without_the_dead_one():
+    m = machine_of(Register("a", 1))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 3, "d3"), LogPosition(1, 2))
+    m.apply(Suspect("a", "a", 1, "application died"), LogPosition(1, 3))
+    assert not m.members and relaunch_due(m, ("a", 1), now=0.0, due=5.0)
