@@ -36,7 +36,7 @@ from p2pgen.core.follower import (
 )
 from p2pgen.core.render import render_hold, render_outcome, render_pull, state_json
 from p2pgen.core.view import JobView
-from transcript import Directive, Interpreter, format_transcript, parse
+from transcript import Directive, Interpreter, format_transcript, run_transcript
 
 RESULT = {True: "done", False: "refused", None: "later"}
 POLICIES = {"certified": CERTIFIED, "comm-only": FollowerPolicy(report_state=False),
@@ -253,16 +253,8 @@ class FollowerInterpreter(Interpreter):
             raise ValueError(f"unused arguments {sorted(kw)}")
 
 
-def run_follower_transcript(text: str) -> tuple[list[Directive], list[list[str]], list[str], FollowerInterpreter]:
-    directives, trailing = parse(text)
-    interp = FollowerInterpreter()
-    outputs = []
-    for d in directives:
-        try:
-            outputs.append(interp.run(d.line))
-        except Exception as exc:  # a broken directive is reported where it is, not as a crash
-            outputs.append([f"ERROR: {type(exc).__name__}: {exc}"])
-    return directives, outputs, trailing, interp
+def run_follower_transcript(text: str) -> tuple[list[Directive], list[list[str]], list[str], Interpreter]:
+    return run_transcript(text, FollowerInterpreter)
 
 
 __all__ = ["FollowerInterpreter", "format_transcript", "render_action", "run_follower_transcript"]

@@ -306,9 +306,10 @@ def render_certificate(cert: Certificate) -> list[str]:
     ]
 
 
-def run_transcript(text: str) -> tuple[list[Directive], list[list[str]], list[str], Interpreter]:
+def run_transcript(text: str, interpreter: type[Interpreter] = Interpreter
+                   ) -> tuple[list[Directive], list[list[str]], list[str], Interpreter]:
     directives, trailing = parse(text)
-    interp = Interpreter()
+    interp = interpreter()
     outputs = []
     for d in directives:
         try:
