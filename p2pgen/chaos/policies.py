@@ -14,8 +14,11 @@ application code.
 - `restart-all` (torchrun): on any membership change every application exits (`restart_on_change`) and its
   agent restarts it; every new process loads the last checkpoint (written by rank 0 every CHECKPOINT_EVERY
   commits). Like torchrun's rendezvous, a new process votes only once every live agent's process registered
-  (or after RENDEZVOUS_S: `rendezvous_s`), so one restart wave forms one generation instead of triggering the
-  next wave. Correct by construction, at the price of rolling back to the checkpoint.
+  and a short last call is over (or after RENDEZVOUS_S: `rendezvous_s`, `last_call_s`), so one restart wave
+  forms one generation instead of triggering the next wave. RENDEZVOUS_S outlasts an agent's bounded wait
+  before it relaunches a dead application (5 s): at 5 s the two waits raced, and two groups of processes could
+  keep restarting each other, each forming a generation without the other. Correct by construction, at the
+  price of rolling back to the checkpoint.
 `ChaosObserver` calls the application's injection hooks at the transition points (`pending` after a vote,
 `catch_up` before a pull) and records every activation and every restart-all exit, so the checker can follow
 state across generations.
@@ -36,11 +39,12 @@ from p2pgen.state.pull import PullConfig
 
 CHECKPOINT_EVERY = 5
 RESTART_ALL_EXIT = 75
-RENDEZVOUS_S = 5.0
+RENDEZVOUS_S = 10.0              # longer than an agent's bounded relaunch wait (retire_wait, 5 s) plus a start
+LAST_CALL_S = 0.2                # the rendezvous waits at least this long for the views to count every agent
 POLICIES: dict[str, FollowerPolicy] = {
     "certified": CERTIFIED,
     "comm-only": FollowerPolicy(report_state=False),
-    "restart-all": FollowerPolicy(restart_on_change=True, rendezvous_s=RENDEZVOUS_S),
+    "restart-all": FollowerPolicy(restart_on_change=True, rendezvous_s=RENDEZVOUS_S, last_call_s=LAST_CALL_S),
 }
 
 Hook = Callable[..., None]

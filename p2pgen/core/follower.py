@@ -51,6 +51,7 @@ class FollowerPolicy:
     report_state: bool = True         # False: vote revision 0 with no digest (nobody is ever told to pull)
     restart_on_change: bool = False   # True: a member that ran a generation exits at the next change
     rendezvous_s: float = 0.0         # > 0: vote only once every live agent's process is proposed, or after this
+    last_call_s: float = 0.0          # ... and not before this (a view only says which agents it heard then)
 
 
 CERTIFIED = FollowerPolicy()
@@ -195,19 +196,18 @@ class Follower:
             return Exit(self.exit_reason)
         if local.closed:
             return Stop("the peer was closed")
+        if local.at_stop:               # before anything else: every member ends at that revision, in any state
+            return Stop("the state reached the revision the harness stops at")
         if view.evicted(self.identity):
             return Exit(f"{self.identity[0]}#{self.identity[1]} was evicted from job {view.job}")
         if local.running is not None:
             return self._while_running(local)
-        if local.at_stop:
-            return Stop("the state reached the revision the harness stops at")
         return self._between(view, local)
 
     def _while_running(self, local: Local) -> Action:
         assert local.running is not None
         if local.switch_to is None and not local.failed:
-            return Stop("the state reached the revision the harness stops at") if local.at_stop \
-                else RunStep(local.running)
+            return RunStep(local.running)
         if self.policy.restart_on_change:
             return Exit(f"restart-all: generation {local.running} changed; every process restarts")
         if local.switch_to is not None:
@@ -216,8 +216,10 @@ class Follower:
 
     def _between(self, view: JobView, local: Local) -> Action:
         p, active, pending = self.progress, view.active, view.pending
-        if p.reform_owed and active and active.has(self.identity) and pending is None:
-            return AskReform(active.generation, p.reform_owed)
+        if p.reform_owed:                     # owed once, at the first decision between generations
+            reason, p.reform_owed = p.reform_owed, ""
+            if active and active.has(self.identity) and pending is None:
+                return AskReform(active.generation, reason)
         if active and active.has(self.identity) and active.generation == p.voted:
             return Activate(active)          # before any newer proposal: its members may wait for us in it
         if pending and pending.has(self.identity):
@@ -264,13 +266,19 @@ class Follower:
         return AskFallback(g, first=p.fallback_at is None)
 
     def _rendezvous_open(self, pending: PendingGeneration, view: JobView, local: Local) -> bool:
-        """restart-all: wait (bounded) until the proposal holds a process of every live agent."""
-        if self.policy.rendezvous_s <= 0 or len(pending.members) >= view.agents:
+        """restart-all, as torchrun's rendezvous: wait until the proposal holds a process of every live agent and
+        the last call is over, or until `rendezvous_s`. The last call matters: a process that just started decides
+        on a view taken a moment ago, which may not count an agent that came back since (whose process is then
+        left out, and its registration restarts everyone again)."""
+        if self.policy.rendezvous_s <= 0:
             return False
         p = self.progress
         if p.rendezvous is None or p.rendezvous[0] != pending.generation:
             p.rendezvous = (pending.generation, local.clock)
-        return local.clock - p.rendezvous[1] < self.policy.rendezvous_s
+        waited = local.clock - p.rendezvous[1]
+        if waited >= self.policy.rendezvous_s:
+            return False
+        return waited < self.policy.last_call_s or len(pending.members) < view.agents
 
     # --- advancing ----------------------------------------------------------------------------------------
 
@@ -291,7 +299,7 @@ class Follower:
                 if voted_quiescence == "unknown":
                     self.exit_reason = "could not prove quiescence of the old generation: restart as a new incarnation"
             case AskReform():
-                p.last_reform, p.reform_owed = clock, ""
+                p.last_reform = clock
             case Fetch(generation=generation) if ok:
                 p.fetched = generation
             case FetchShards(generation=generation) if ok:

@@ -3,8 +3,9 @@
 Extends tests/core/transcript.py: every directive of that format still works (the machine commands, `state`,
 `cert`, ...), plus these, which simulate the members' application processes without processes:
 
-    follow PEER INC [policy=certified|comm-only|restart-all] [r=REV] [digest=D] [reform_after=S]
-                     a follower for PEER#INC (its state at revision REV with digest D; default r=0, digest "")
+    follow PEER INC [policy=certified|comm-only|restart-all] [r=REV] [digest=D] [reform_after=S] [agent_voted=1]
+                     a follower for PEER#INC (its state at revision REV with digest D; default r=0, digest "");
+                     agent_voted: its agent voted for it before it attached (it owes a reform)
     local PEER [running=G|none] [failed=0|1] [switch=G|none] [closed=0|1] [stop=0|1]
                      set what the member knows of itself (kept until changed)
     agents N         how many agents the local agents hear (for restart-all's rendezvous; default: followers)
@@ -40,7 +41,7 @@ from transcript import Directive, Interpreter, format_transcript, run_transcript
 
 RESULT = {True: "done", False: "refused", None: "later"}
 POLICIES = {"certified": CERTIFIED, "comm-only": FollowerPolicy(report_state=False),
-            "restart-all": FollowerPolicy(restart_on_change=True, rendezvous_s=5.0)}
+            "restart-all": FollowerPolicy(restart_on_change=True, rendezvous_s=5.0, last_call_s=0.2)}
 
 
 @dataclass
@@ -150,6 +151,8 @@ class FollowerInterpreter(Interpreter):
         peer, inc = pos
         policy = kw.pop("policy", "certified")
         follower = Follower((peer, int(inc)), self.at, POLICIES[policy], float(kw.pop("reform_after", 1.5)))
+        if kw.pop("agent_voted", "0") == "1":
+            follower.owe_reform("attached after the agent voted on its behalf")
         self.members[peer] = Member(follower, int(kw.pop("r", 0)), kw.pop("digest", ""))
         self._no_leftovers(kw)
         return [f"{peer}#{inc} follows ({policy}) at r{self.members[peer].revision}"]
