@@ -546,6 +546,9 @@ class Agent:
             if _job_finished(self.node.view()):
                 log.info("left: every member of the job has left meanwhile (%s); nothing is left to record", e)
                 return
+            if not set(self.heartbeats.heard()) - {self.addr}:
+                log.info("left last: no other agent is heard any more, so no quorum is left to record it (%s)", e)
+                return
             log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
                         "absence and replace it as a voter; nothing to do unless no agent is left running",
                         e)
