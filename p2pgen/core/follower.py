@@ -178,7 +178,6 @@ class Follower:
         self.identity, self.policy, self.reform_after = identity, policy, reform_after
         self.progress = _Progress(since=clock, last_reform=clock)
         self.exit_reason = ""
-        self.ran = False              # it activated a generation at least once
 
     @property
     def peer_id(self) -> str:
@@ -314,7 +313,6 @@ class Follower:
             case AskFallback():
                 p.fallback_at = clock
             case Activate():
-                self.ran = True
                 self.progress = _Progress(since=clock, last_reform=clock)
 
 
