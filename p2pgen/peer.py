@@ -698,10 +698,16 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     The backend is `$P2PGEN_BACKEND` (`tcp`, the default, or `nccl`; the same on every member).
     `trace`: a JSON-lines file recording every ready/pull/synced/active/collective/commit of this peer
     (default: `$P2PGEN_TRACE_DIR/<peer>-<incarnation>.jsonl` when that variable is set).
+    A warm standby (started by `p2pgen join --standby 1`, with `$P2PGEN_STANDBY` and no `$P2PGEN_INCARNATION`)
+    waits here, after the application's imports and setup, until its agent promotes it to be the application's
+    next incarnation; it then sets `$P2PGEN_INCARNATION` and goes on as a process started for it. Code that
+    reads `$P2PGEN_INCARNATION` must do so after `join()` returns.
     """
+    called = time.time()
     env = os.environ
-    missing = [k for k in ("P2PGEN_AGENT", "P2PGEN_PEER_ID", "P2PGEN_INCARNATION", "P2PGEN_DATA_ADDR",
-                           "P2PGEN_STATE_ADDR") if k not in env]
+    standby = env.get("P2PGEN_STANDBY") if "P2PGEN_INCARNATION" not in env else None
+    needed = ("P2PGEN_AGENT", "P2PGEN_PEER_ID", "P2PGEN_DATA_ADDR", "P2PGEN_STATE_ADDR")
+    missing = [k for k in needed + (() if standby else ("P2PGEN_INCARNATION",)) if k not in env]
     if missing:
         raise P2PGenError(f"{', '.join(missing)} not set: start this script under its agent, e.g. "
                           "`p2pgen join --local 3 -- python train.py` or `p2pgen join --job J --id ID "
@@ -710,10 +716,58 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     if env.get("P2PGEN_JOB") and env["P2PGEN_JOB"] != job:
         raise P2PGenError(f"this process was started for job {env['P2PGEN_JOB']!r}, not {job!r}")
     secret = load_secret(env.get("P2PGEN_SECRET_FILE"), job)
+    promoted = None
+    if standby:
+        env["P2PGEN_INCARNATION"] = str(_await_promotion(env["P2PGEN_AGENT"], secret, job, standby))
+        del env["P2PGEN_STANDBY"]
+        promoted = time.time()
     peer_id, incarnation = env["P2PGEN_PEER_ID"], int(env["P2PGEN_INCARNATION"])
     if trace is None and env.get("P2PGEN_TRACE_DIR"):
         trace = os.path.join(env["P2PGEN_TRACE_DIR"], f"{peer_id.replace('/', '_')}-{incarnation}.jsonl")
-    return Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
+    peer = Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
                 secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace,
                 backend=env.get("P2PGEN_BACKEND", "tcp"), channel_addr=env.get("P2PGEN_CHANNEL_ADDR"),
                 channel_dir=env.get("P2PGEN_CHANNEL_DIR"), keep=StateKeeperConfig.from_env(env))
+    # where this incarnation's start went (p2pgen.bench.heal): process start, imports done, promoted, attached
+    peer.trace.record("joined", process_start=_process_start(), join_called=called, promoted=promoted,
+                      standby=standby is not None)
+    return peer
+
+
+STANDBY_POLL_S = 30.0           # one long-poll of the agent's `standby` RPC (it answers at once on promotion)
+
+
+def _await_promotion(agent_addr: str, secret: bytes, job: str, token: str) -> int:
+    """A standby's wait in `join()`: long-poll the agent until it promotes this process; its incarnation.
+    Raises AgentLost when the agent stops answering, P2PGenError when it no longer knows this standby."""
+    client = AgentClient(agent_addr, secret, job=job)
+    failures = 0
+    try:
+        while True:
+            try:
+                answer = client._call("standby", io_timeout=STANDBY_POLL_S + 5, token=token, timeout=STANDBY_POLL_S)
+            except RpcError as e:
+                raise P2PGenError(f"standby of {os.environ.get('P2PGEN_PEER_ID')}: {e}") from e
+            except OSError as e:
+                failures += 1
+                if failures >= AGENT_SILENT_TRIES:
+                    raise AgentLost(f"standby lost its agent at {agent_addr} ({e})") from e
+                time.sleep(0.1)
+                continue
+            failures = 0
+            if answer.get("incarnation") is not None:
+                return int(answer["incarnation"])
+    finally:
+        client.close()
+
+
+def _process_start() -> float | None:
+    """Wall-clock time this process started (Linux /proc, to the clock tick), or None."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None

@@ -46,7 +46,7 @@ from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
 from p2pgen.core import Command, Configure, Kept, Leave, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
-from p2pgen.core.steward import relaunch_due, vote_owed
+from p2pgen.core.steward import relaunch_due, standby_due, vote_owed
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
@@ -60,6 +60,9 @@ PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # 
 PORTS_PER_AGENT = len(PORT_OFFSETS)
 SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
 DRIVER_TURN_S = 0.25            # the driver's longest wait; a new Raft view or any event wakes it at once
+STANDBY_SETTLE_S = 10.0         # a standby starts once the application runs in a generation, or this long after
+STANDBY_REPLACEMENTS = 3        # standbys that died waiting, in a row, after which the agent keeps none
+STANDBY_POLL_S = 30.0           # longest answer of one `standby` long-poll (the standby asks again)
 
 
 def port_of(control_addr: str, role: str) -> str:
@@ -95,6 +98,7 @@ class AgentConfig:
     attach_grace: float = float("inf")           # an application not attached by then gets our vote (inf: never)
     trace_dir: str = ""                           # Raft safety trace (default: $P2PGEN_TRACE_DIR/raft, else none)
     state: StateDirConfig = field(default_factory=StateDirConfig)   # local copy, checkpoints, regression rule
+    standby: int = 0                              # warm standby processes of the application kept ready (0 or 1)
 
 
 @dataclass
@@ -143,6 +147,8 @@ class Agent:
         self._stopped = threading.Event()
         self._app_kill: tuple[Application, bool] | None = None   # (app, counts as a failure)
         self._stopped_app: tuple[Application, float] | None = None
+        self._standby: Application | None = None    # the warm standby, not yet promoted (--standby 1)
+        self._standby_deaths = 0                    # standbys that died while waiting, in a row
         self._lost: dict[tuple[str, str], str] = {}     # (agent address, instance or "") -> why it is lost
         self._leaderless_since: float | None = None
         self._last_membership_check = 0.0
@@ -188,6 +194,7 @@ class Agent:
         self._events.put(("leave",))
 
     def _shutdown(self) -> None:
+        self._drop_standby()
         if self.app is not None:
             self.app.terminate(grace=2.0)
         self.voters.stop()
@@ -261,22 +268,89 @@ class Agent:
             self.membership.done_waiting()
         return outcome
 
-    def _launch_app(self) -> None:
-        incarnation = self._next_incarnation()
-        env = {"P2PGEN_JOB": self.config.job, "P2PGEN_PEER_ID": self.config.peer_id,
-               "P2PGEN_INCARNATION": str(incarnation), "P2PGEN_AGENT": self.addr,
-               "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
-               "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir}
+    def _app_env(self, incarnation: int | None, standby: str | None = None) -> dict[str, str | None]:
+        """The application's environment; a standby's has no incarnation yet, and names itself by its token."""
+        env: dict[str, str | None] = {
+            "P2PGEN_JOB": self.config.job, "P2PGEN_PEER_ID": self.config.peer_id,
+            "P2PGEN_INCARNATION": str(incarnation) if incarnation is not None else None, "P2PGEN_AGENT": self.addr,
+            "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
+            "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir,
+            "P2PGEN_STANDBY": standby}
         env.update(self.config.state.app_env(self.config.job, self.config.peer_id, self.addr))
         if self.config.secret_file:
             env["P2PGEN_SECRET_FILE"] = self.config.secret_file
+        return env
+
+    def _start_process(self, incarnation: int | None, standby: str | None = None) -> Application:
+        """Start the application's command (on the driver thread: PDEATHSIG follows the thread that forks). A
+        standby's stops and continues are not the application's until it is promoted."""
+        def stopped(app: Application) -> None:
+            if app.promoted.is_set():
+                self._events.put(("app_stopped", app, time.monotonic()))
+
+        def continued(app: Application) -> None:
+            if app.promoted.is_set():
+                self._events.put(("app_continued", app))
+
+        return Application(self.config.command, incarnation, self._app_env(incarnation, standby),
+                           on_stop=stopped, on_continue=continued,
+                           on_exit=lambda app, why, clean: self._events.put(("app_exited", app, why, clean)),
+                           standby=standby)
+
+    def _launch_app(self) -> None:
+        """Start the application's next incarnation: the warm standby promoted if there is one alive (it did its
+        imports already), else a new process. Either way the number is new and registers through Raft."""
+        incarnation = self._next_incarnation()
         self.app_attached = False
-        self.app = Application(self.config.command, incarnation, env,
-                               on_stop=lambda app: self._events.put(("app_stopped", app, time.monotonic())),
-                               on_continue=lambda app: self._events.put(("app_continued", app)),
-                               on_exit=lambda app, why, clean: self._events.put(("app_exited", app, why, clean)))
-        log.info("started application pid %d as %s#%d", self.app.pid, self.config.peer_id, incarnation)
+        spare, self._standby = self._standby, None
+        if spare is not None and not spare.exited.is_set():
+            self.app = spare                # before promote(): its attach names the current application
+            spare.promote(incarnation)
+            self._standby_deaths = 0
+            log.info("promoted standby pid %d to %s#%d", spare.pid, self.config.peer_id, incarnation)
+        else:
+            self.app = self._start_process(incarnation)
+            log.info("started application pid %d as %s#%d", self.app.pid, self.config.peer_id, incarnation)
         self._to_register = incarnation
+
+    # --- the warm standby (--standby 1) -------------------------------------------------------------
+
+    def _keep_standby(self) -> None:
+        """Start a standby when the job wants one and none is waiting: once the application runs in the active
+        generation (or a while after it started; `standby_due`), so its imports never slow down the start of
+        the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS died in a row."""
+        if (self.config.standby < 1 or not self.config.command or self._standby is not None
+                or self._leaving.is_set() or self._standby_deaths >= STANDBY_REPLACEMENTS):
+            return
+        app = self.app
+        live = app is not None and not app.exited.is_set() and app.incarnation is not None \
+            and self.incarnation == app.incarnation
+        identity = (self.config.peer_id, app.incarnation) if live and app is not None else None
+        if not standby_due(self.node.view().machine, identity, time.monotonic() - app.started if app else 0.0,
+                           STANDBY_SETTLE_S):
+            return
+        self._standby = self._start_process(None, standby=secrets.token_hex(8))
+        log.info("started standby pid %d for %s", self._standby.pid, self.config.peer_id)
+
+    def _on_standby_exit(self, app: Application, why: str) -> None:
+        """A standby died while it waited: replaced at a later turn (not an application restart), at most
+        STANDBY_REPLACEMENTS times in a row."""
+        self._standby = None
+        if self._leaving.is_set():
+            return
+        self._standby_deaths += 1
+        if self._standby_deaths >= STANDBY_REPLACEMENTS:
+            log.error("standby pid %d %s while waiting (%d in a row): keeping no standby any more", app.pid, why,
+                      self._standby_deaths)
+        else:
+            log.warning("standby pid %d %s while waiting; replacing it (not counted as a restart)", app.pid, why)
+
+    def _drop_standby(self) -> None:
+        """Kill the waiting standby (leaving, shutting down) and wait for it to be gone."""
+        spare, self._standby = self._standby, None
+        if spare is not None:
+            spare.kill()
+            spare.exited.wait(5)
 
     # --- the driver --------------------------------------------------------------------------------
 
@@ -352,6 +426,7 @@ class Agent:
         self.membership.settle_pending()
         self._try_register()
         self._relaunch_if_due()
+        self._keep_standby()
         if self._lost:
             self._evict_lost_agents()
         view = self.node.view()
@@ -439,6 +514,10 @@ class Agent:
         app.kill()
 
     def _on_app_exit(self, app: Application, why: str, clean: bool) -> bool:
+        if not app.promoted.is_set():             # a standby (never an incarnation): not an application exit
+            if app is self._standby:
+                self._on_standby_exit(app, why)
+            return False
         if app is not self.app or self._leaving.is_set():
             return False
         counted = self._app_kill is None or self._app_kill[0] is not app or self._app_kill[1]
@@ -525,6 +604,7 @@ class Agent:
         if hand_over:
             self._hand_over()
         self._leaving.set()
+        self._drop_standby()
         if self.app is not None:
             self.app.terminate(grace=2.0)
             self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
@@ -601,6 +681,7 @@ class Agent:
             "reform": self._rpc_reform,
             "show": self._rpc_show, "history": self._rpc_history, "submit": self._rpc_submit,
             "wait": self._rpc_wait, "attach": self._rpc_attach, "leave": self._rpc_leave,
+            "standby": self._rpc_standby,
         }
 
     def _require_view(self) -> RaftView:
@@ -652,6 +733,7 @@ class Agent:
                      "voter_decision": decision.reason if decision and view.is_leader else None},
             "agent": {"peer_id": self.config.peer_id, "addr": self.addr, "instance": self.instance,
                       "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
+                      "standby_pid": self._standby.pid if self._standby else None,
                       "restarts": self.restarts, "leaving": self._leaving.is_set(),
                       "refused_connections": self.rpc.refused,
                       "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},
@@ -685,6 +767,19 @@ class Agent:
         self._events.put(("attached",))           # wakes the driver: it registers the member now
         voted = self._voted is not None and self._voted[1] == app.incarnation
         return {"peer_id": self.config.peer_id, "incarnation": app.incarnation, "agent_voted": voted}
+
+    def _rpc_standby(self, params: dict) -> dict:
+        """A standby's long-poll (`p2pgen.join()` under P2PGEN_STANDBY): its incarnation once the agent promoted
+        it, or `incarnation: None` after `timeout` seconds (it asks again). A token this agent does not know
+        (a standby it dropped, or of another agent process) is refused: that process must exit."""
+        token = str(params["token"])
+        timeout = min(float(params.get("timeout", STANDBY_POLL_S)), STANDBY_POLL_S)
+        spare = next((a for a in (self._standby, self.app) if a is not None and a.standby == token), None)
+        if spare is None or spare.exited.is_set():
+            raise P2PGenError(f"no standby of {self.config.peer_id} named {token!r} waits at agent {self.addr}: "
+                              "this process must exit")
+        spare.promoted.wait(timeout)
+        return {"peer_id": self.config.peer_id, "incarnation": spare.incarnation}
 
     def _rpc_leave(self, params: dict) -> dict:
         self.request_leave()

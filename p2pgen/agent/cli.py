@@ -49,6 +49,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="seconds after which the agent votes for a COMMAND that has not attached (p2pgen.join) "
                            "as a stateless member; default: never (the application votes itself); use 0 for "
                            "applications that do not use p2pgen")
+    join.add_argument("--standby", type=int, default=0, choices=(0, 1), metavar="N",
+                      help="keep N (0 or 1) warm standby processes of COMMAND: started without an incarnation, they "
+                           "do their imports and wait in p2pgen.join(); when the application dies the standby is "
+                           "promoted as its new incarnation and another standby is started (default 0)")
     join.add_argument("--http", type=int, metavar="PORT",
                       help="serve a read-only HTML status page of the job on PORT (with --local: PORT, PORT+1, ... "
                            "for each agent)")
@@ -142,7 +146,8 @@ def cmd_join(args: argparse.Namespace) -> int:
     agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                               secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
                               min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
-                              attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state))
+                              attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state,
+                              standby=args.standby))
     # The handler runs on the main thread, which is the agent's driver, between two bytecodes: possibly while
     # that thread holds the lock of the event queue it waits on. Queueing "leave" from the handler itself can
     # then deadlock (the agent never leaves); a short-lived thread queues it once the driver lets go.
@@ -359,7 +364,8 @@ def run_local_demo(args: argparse.Namespace) -> int:
     agent_args = [*state_flags(state), f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
-                  f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}"]
+                  f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}",
+                  f"--standby={args.standby}"]
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
                    chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args),
                    http=(args.http, args.http_bind) if args.http is not None else None)

@@ -2,8 +2,11 @@
 
 Owns: starting the application (one process per incarnation), learning at once from the OS when it
 exits, stops or continues (a blocking `waitpid` with WUNTRACED | WCONTINUED in a thread: no polling,
-no timeout), and killing it by pid. Invariant kept: the application never outlives its agent
-(PR_SET_PDEATHSIG): an application that lost its agent can no longer know its generation.
+no timeout), and killing it by pid. A warm standby (`p2pgen join --standby 1`) is the same kind of
+process started without an incarnation: it did its imports and waits inside `p2pgen.join()` until the agent
+promotes it (`promote`), from then on it is the application's incarnation, watched by the same waiter.
+Invariant kept: the application, and its standby, never outlive their agent (PR_SET_PDEATHSIG): an
+application that lost its agent can no longer know its generation.
 """
 
 from __future__ import annotations
@@ -51,18 +54,26 @@ def describe_status(status: int) -> tuple[str, bool]:
 
 
 class Application:
-    """One running incarnation of the application. Events are reported through the callbacks, from the
-    waiter thread: `on_stop(app)`, `on_continue(app)`, `on_exit(app, description, clean)`."""
+    """One running incarnation of the application, or a warm standby (`incarnation` None, `standby` its token)
+    until `promote` gives it one. Events are reported through the callbacks, from the waiter thread:
+    `on_stop(app)`, `on_continue(app)`, `on_exit(app, description, clean)`. `env` values of None are removed
+    from the inherited environment."""
 
-    def __init__(self, command: list[str], incarnation: int, env: dict[str, str],
+    def __init__(self, command: list[str], incarnation: int | None, env: dict[str, str | None],
                  on_stop: Callable[["Application"], None], on_continue: Callable[["Application"], None],
-                 on_exit: Callable[["Application", str, bool], None]) -> None:
+                 on_exit: Callable[["Application", str, bool], None], standby: str | None = None) -> None:
         self.incarnation = incarnation
+        self.standby = standby                 # the token a standby names itself by (its RPC), else None
+        self.promoted = threading.Event()      # a standby was given its incarnation (set at once for an application)
+        if standby is None:
+            self.promoted.set()
         self.started = time.monotonic()
         self.exited = threading.Event()
         self.stopped = False
+        merged = {**os.environ, **env}
         # Must be called from a thread that lives as long as the agent: PDEATHSIG follows the forking thread.
-        self._proc = subprocess.Popen(command, env={**os.environ, **env}, preexec_fn=die_with_parent)
+        self._proc = subprocess.Popen(command, env={k: v for k, v in merged.items() if v is not None},
+                                      preexec_fn=die_with_parent)
         self.pid = self._proc.pid
         self._callbacks = (on_stop, on_continue, on_exit)
         threading.Thread(target=self._wait, name=f"waitpid-{self.pid}", daemon=True).start()
@@ -86,6 +97,13 @@ class Application:
                 description, clean = describe_status(status)
                 on_exit(self, description, clean)
                 return
+
+    def promote(self, incarnation: int) -> None:
+        """The standby becomes the application's incarnation `incarnation`: its `p2pgen.join()`, waiting on the
+        agent's `standby` RPC, learns it now. `started` restarts (the attach grace counts from here)."""
+        self.incarnation = incarnation
+        self.started = time.monotonic()
+        self.promoted.set()
 
     def kill(self) -> None:
         if not self.exited.is_set():

@@ -1,13 +1,16 @@
 """What an agent decides about its own member, from the replicated state: pure rules its driver's
 level-triggered reconcile applies every turn (the driver performs them: Raft submits, process launches).
 
-Owns: when a dead application's next incarnation may start, and when the agent owes a `ready` vote on its
-member's behalf. Eviction is the machine's own `was_evicted`.
+Owns: when a dead application's next incarnation may start, when the agent owes a `ready` vote on its
+member's behalf, and when it may start a warm standby (`p2pgen join --standby 1`). Eviction is the machine's
+own `was_evicted`.
 Invariants kept:
 - a death is visible in the history as its own certified generation: the next incarnation starts once the
   job certified a generation without the dead one, unless nobody can (no member left, or the pending proposal
   is held waiting for state this host may bring back), or the bounded wait is over;
-- the agent votes at most once per (pending generation, incarnation), and only for its own current member.
+- the agent votes at most once per (pending generation, incarnation), and only for its own current member;
+- a warm standby never competes for the CPU with its application's own start: it starts once the application
+  runs in the active generation (its start-up is over), or after a bounded wait.
 """
 
 from __future__ import annotations
@@ -33,3 +36,15 @@ def vote_owed(machine: GenerationMachine, peer_id: str, incarnation: int,
     if member is None or member.incarnation != incarnation:
         return None
     return pending.generation
+
+
+def standby_due(machine: GenerationMachine, identity: tuple[str, int] | None, app_age: float,
+                settle: float) -> bool:
+    """Whether the agent, which has no standby now, may start one for its application `identity` (its live
+    current incarnation, None while there is none: the dead one's successor is about to start and takes the
+    CPU first). Due once that incarnation is a member of the active generation, or `settle` seconds after it
+    started (`app_age`) if it never gets there (a job waiting for more members)."""
+    if identity is None:
+        return False
+    running = machine.active is not None and identity in {m.identity for m in machine.active.members}
+    return running or app_age >= settle

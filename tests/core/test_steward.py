@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from p2pgen.core import GenerationMachine, LogPosition, Ready, Register, Suspect
-from p2pgen.core.steward import relaunch_due, vote_owed
+from p2pgen.core.steward import relaunch_due, standby_due, vote_owed
 
 
 def machine_of(*commands) -> GenerationMachine:
@@ -43,3 +43,14 @@ def test_nobody_left_or_a_held_proposal_does_not_wait_for_a_generation_without_t
     m.apply(Ready(m.pending.generation, "a", 1, "proved", 3, "d3"), LogPosition(1, 2))
     m.apply(Suspect("a", "a", 1, "application died"), LogPosition(1, 3))
     assert not m.members and relaunch_due(m, ("a", 1), now=0.0, due=5.0)
+
+
+def test_a_standby_starts_once_its_application_runs_in_the_active_generation_or_after_the_settle_wait():
+    m = machine_of(Register("a", 1), Register("b", 1))
+    assert not standby_due(m, ("a", 1), app_age=1.0, settle=10.0)     # registered, nothing active yet
+    assert standby_due(m, ("a", 1), app_age=10.0, settle=10.0)        # bounded
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 0, ""), LogPosition(1, 3))
+    m.apply(Ready(m.pending.generation, "b", 1, "proved", 0, ""), LogPosition(1, 4))
+    assert standby_due(m, ("a", 1), app_age=0.5, settle=10.0)         # its start-up is over
+    assert not standby_due(m, ("a", 2), app_age=0.5, settle=10.0)     # a newer one still starting
+    assert not standby_due(m, None, app_age=99.0, settle=10.0)        # no live application: its successor first
