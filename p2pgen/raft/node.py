@@ -145,6 +145,7 @@ class RaftNode:
         self._inbox: queue.Queue[_Request] = queue.Queue()
         self._requests: dict[str, _Request] = {}
         self._handed_over = False                 # a request went to SyncObj this turn: tick again at once
+        self._tick_left_work = False              # the tick's last poll handled messages: tick again at once
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
         self._stop = threading.Event()
@@ -234,7 +235,9 @@ class RaftNode:
         self._started.set()
         try:
             while not self._stop.is_set():
+                handled = self._so.messages_handled
                 self._so.doTick(0.0)                     # Raft's timers, then the events already waiting
+                self._tick_left_work = self._so.messages_handled != handled   # see syncobj.py, 6
                 self._drain_inbox()
                 self._drive_requests()
                 self._publish()
@@ -312,11 +315,12 @@ class RaftNode:
 
     def _wait_s(self) -> float:
         """How long the node's thread may sleep in its next poll. Not at all after it handed SyncObj a request (the
-        leader appends it, a follower forwards it, on the next tick). Otherwise until the next thing on a clock:
+        leader appends it, a follower forwards it, on the next tick) or after its tick handled messages (what they
+        call for happens on the next tick). Otherwise until the next thing on a clock:
         the leader's next append or a follower's election deadline (pysyncobj's clock), a request's retry or
         deadline (ours); at most `idle_tick`, or `tick` while a node is not connected (reconnects run on the
         tick). Messages and submissions end the wait earlier."""
-        if self._handed_over:
+        if self._handed_over or self._tick_left_work:
             self._handed_over = False
             return 0.0
         so = self._so
