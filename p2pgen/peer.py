@@ -466,12 +466,13 @@ class Peer:
         if self.state.sharded and action.report_state:
             extra.update(layout=self.state.layout_text(), shards=self.state.shards_text())
         comm_id = offer_comm_id(self.backend_kind, pending, self.identity)   # rank 0 names the communicator
+        sent = time.time()
         outcome = self._submit(Ready(generation, self.peer_id, self.incarnation, action.quiescence, revision, digest,
-                                     action.collective_seq, comm_id=comm_id, at=time.time(),
+                                     action.collective_seq, comm_id=comm_id, at=sent,
                                      lineage=self.lineage if action.report_state else 0, **extra))
         if outcome is None:
             return None
-        self.trace.record("ready", generation=generation, revision=revision, digest=digest,
+        self.trace.record("ready", generation=generation, revision=revision, digest=digest, sent=sent,
                           quiescence=action.quiescence, ok=outcome["ok"], reason=outcome["reason"],
                           **{k: v for k, v in extra.items() if k != "layout"})
         return outcome["ok"]
@@ -599,6 +600,8 @@ class Peer:
             self.backend.connect()
         except (GenerationChanged, PeerLost) as e:
             log.info("generation %d failed while connecting: %s", active.generation, e)
+            return
+        self.trace.record("connected", generation=active.generation)
 
     def _keep_owned_shards(self, active: ActiveGeneration) -> None:
         """Drop the shards the certificate gave to others: memory per member follows the ownership map."""
@@ -696,7 +699,8 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     """Join the job this process was started for by `p2pgen join ... -- COMMAND` (reads its environment).
 
     The backend is `$P2PGEN_BACKEND` (`tcp`, the default, or `nccl`; the same on every member).
-    `trace`: a JSON-lines file recording every ready/pull/synced/active/collective/commit of this peer
+    `trace`: a JSON-lines file recording every ready (with `sent`, when the vote left)/pull/synced/active/connected/
+    collective/commit of this peer
     (default: `$P2PGEN_TRACE_DIR/<peer>-<incarnation>.jsonl` when that variable is set).
     A warm standby (started by `p2pgen join --standby 1`, with `$P2PGEN_STANDBY` and no `$P2PGEN_INCARNATION`)
     waits here, after the application's imports and setup, until its agent promotes it to be the application's
