@@ -128,3 +128,20 @@ def test_a_sigkilled_runner_takes_its_agents_and_applications_with_it(tmp_path):
         for pid in agents + apps:           # leave nothing behind if the assertion above failed
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(150)
+def test_applications_get_one_openmp_thread_unless_told_otherwise(tmp_path):
+    """N applications on one host share its cores: like torchrun, OMP_NUM_THREADS defaults to 1 for each (numpy's
+    BLAS and torch read it); a value the user set is passed on unchanged."""
+    app = [sys.executable, "-c", "import os, sys; print('threads=' + os.environ.get('OMP_NUM_THREADS', 'unset'), "
+                                 "file=sys.stderr); sys.exit(3)"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for base_port, given, expected in ((27500, None, "threads=1"), (27520, "3", "threads=3")):
+        run_env = env if given is None else {**env, "OMP_NUM_THREADS": given}
+        done = subprocess.run(_local(base_port, 2, "--max-restarts", "0", "--attach-grace", "0", command=app),
+                              env=run_env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert done.returncode == 1, done.stdout + done.stderr
+        reports = done.stderr.split("FAILED: ")[1:]
+        assert reports and all(expected in r for r in reports), done.stderr
+        assert ("OMP_NUM_THREADS=1 for every application" in done.stdout) == (given is None), done.stdout
