@@ -235,14 +235,7 @@ class RaftNode:
         self._started.set()
         try:
             while not self._stop.is_set():
-                handled = self._so.messages_handled
-                self._so.doTick(0.0)                     # Raft's timers, then the events already waiting
-                self._tick_left_work = self._so.messages_handled != handled   # see syncobj.py, 6
-                self._drain_inbox()
-                self._drive_requests()
-                self._publish()
-                self._trace.maybe_flush()
-                self._so._poller.poll(self._wait_s())    # sleep until a message, a submission or the next timer
+                self._so._poller.poll(self._turn())      # sleep until a message, a submission or the next timer
         except Exception:
             log.exception("raft node %r crashed", self)
         finally:
@@ -259,6 +252,18 @@ class RaftNode:
             self._requests.clear()
             with self._view_changed:
                 self._view_changed.notify_all()
+
+    def _turn(self) -> float:
+        """One turn of the node's thread: Raft's timers, then the events already waiting, then our requests and
+        view; returns how long the thread may sleep before the next turn."""
+        handled = self._so.messages_handled
+        self._so.doTick(0.0)
+        self._tick_left_work = self._so.messages_handled != handled     # see syncobj.py, 6
+        self._drain_inbox()
+        self._drive_requests()
+        self._publish()
+        self._trace.maybe_flush()
+        return self._wait_s()
 
     def _record(self, kind: str, node: str | None, **fields: object) -> None:
         self._trace.record(kind, node, epoch=self.epoch, **fields)

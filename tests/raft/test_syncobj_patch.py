@@ -151,3 +151,21 @@ def test_a_leader_appends_one_membership_change_at_a_time_only_in_job_syncobj(cl
     so._SyncObj__raftLastApplied = 3
     assert so._SyncObj__changeCluster(removal(third))       # now the next one is accepted
     assert {n.id for n in so.otherNodes} | {LEADER} == {LEADER, FOLLOWER}
+
+
+def test_a_turn_whose_tick_handled_messages_is_followed_by_another_without_sleeping():
+    """pysyncobj's tick ends in a poll that handles the messages already waiting, but acts on them only at the
+    next tick (here: a follower applies a newer commit index). The node's thread must then turn again at once,
+    not sleep until its next timer (up to the append period)."""
+    from p2pgen.raft.node import RaftNode
+
+    so, _ = make(JobSyncObj)
+    node = RaftNode("job", FOLLOWER, [FOLLOWER, LEADER, OTHER], b"a secret for a test")
+    node._so = so
+    so.doTick = lambda time_to_wait: None                                 # a tick that handled no message
+    assert node._turn() > 0
+    so.doTick = lambda time_to_wait: deliver(so, append(1, (1, 0), [(2, 1)], commit=2))   # its last poll did
+    assert node._turn() == 0.0
+    assert so.raftLastApplied < 2                     # what the append called for waits for the next tick
+    so.doTick = lambda time_to_wait: apply(so)
+    assert node._turn() > 0 and so.raftLastApplied == 2
