@@ -766,12 +766,12 @@ def _await_promotion(agent_addr: str, secret: bytes, job: str, token: str) -> in
 
 
 def _process_start() -> float | None:
-    """Wall-clock time this process started (Linux /proc, to the clock tick), or None."""
+    """Wall-clock time this process started (Linux /proc: its age from the uptime, to 10 ms), or None."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rpartition(")")[2].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None

@@ -4,8 +4,8 @@ Owns: one peer's participation in the job. It joins the Raft group (through any 
 special; `raftmember`), registers the peer's current incarnation, votes `ready` for an application that does
 not speak the protocol itself, reports deaths (of its own application at once, from the OS; of other hosts from
 missed heartbeats or from a new process announcing itself at their address), restarts its application as a new
-incarnation, keeps the voter set healthy while its node leads (`voters`), and serves `show`, `history` and the
-application's local API.
+incarnation (the warm standby promoted when it keeps one, `--standby 1`), keeps the voter set healthy while
+its node leads (`voters`), and serves `show`, `history` and the application's local API.
 
 Threads: the RPC server (one thread per connection), the Raft node(s), the heartbeat runner, the voter manager,
 waitpid waiters, and the *driver*, the only thread that decides about this peer's member (register it, relaunch
@@ -303,6 +303,10 @@ class Agent:
         incarnation = self._next_incarnation()
         self.app_attached = False
         spare, self._standby = self._standby, None
+        if spare is not None and spare.stopped:    # SIGSTOPped while it waited: it would never attach
+            log.warning("standby pid %d is stopped: killing it and starting the application instead", spare.pid)
+            spare.kill()                       # its exit is not an application's (never promoted)
+            spare = None
         if spare is not None and not spare.exited.is_set():
             self.app = spare                # before promote(): its attach names the current application
             spare.promote(incarnation)
@@ -734,6 +738,7 @@ class Agent:
             "agent": {"peer_id": self.config.peer_id, "addr": self.addr, "instance": self.instance,
                       "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
                       "standby_pid": self._standby.pid if self._standby else None,
+                      "standby_ready": self._standby.waiting if self._standby else False,
                       "restarts": self.restarts, "leaving": self._leaving.is_set(),
                       "refused_connections": self.rpc.refused,
                       "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},
@@ -778,7 +783,10 @@ class Agent:
         if spare is None or spare.exited.is_set():
             raise P2PGenError(f"no standby of {self.config.peer_id} named {token!r} waits at agent {self.addr}: "
                               "this process must exit")
-        spare.promoted.wait(timeout)
+        spare.waiting = True
+        deadline = time.monotonic() + timeout
+        while not spare.promoted.wait(0.2) and not spare.exited.is_set() and time.monotonic() < deadline:
+            pass                               # wakes at once on promotion; ends with a standby killed meanwhile
         return {"peer_id": self.config.peer_id, "incarnation": spare.incarnation}
 
     def _rpc_leave(self, params: dict) -> dict:

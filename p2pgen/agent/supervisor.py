@@ -67,6 +67,7 @@ class Application:
         self.promoted = threading.Event()      # a standby was given its incarnation (set at once for an application)
         if standby is None:
             self.promoted.set()
+        self.waiting = False                   # a standby that called in: its imports and setup are done
         self.started = time.monotonic()
         self.exited = threading.Event()
         self.stopped = False

@@ -2,7 +2,8 @@
 
 An agent with a standby whose application is SIGKILLed promotes the standby (same pid, a new incarnation number,
 registered through Raft, active with the other member), starts a fresh standby, replaces a standby that dies
-while waiting without counting an application restart, and leaves no process behind when it stops.
+while waiting without counting an application restart, promotes that one at the next death, and leaves no
+process behind when it stops.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ def test_a_killed_application_is_replaced_by_its_warm_standby(tmp_path: Path) ->
         assert _agent(replaced)["app_pid"] == standby_pid and _agent(replaced)["restarts"] == 1
         assert _agent(replaced)["incarnation"] == promoted
         assert "replacing it (not counted as a restart)" in cluster.agents["p0"].log.read_text()
+
+        # the replacement is promoted in turn at the next death
+        spare = _agent(cluster.wait(a0, lambda s: _agent(s)["standby_ready"], timeout=60))["standby_pid"]
+        os.kill(standby_pid, signal.SIGKILL)
+        again = cluster.wait(a0, lambda s: _agent(s)["app_pid"] == spare
+                             and ("p0", _agent(s)["incarnation"]) in active_members(s)
+                             and _agent(s)["standby_pid"] not in (None, spare), timeout=90)
+        assert _agent(again)["incarnation"] == promoted + 1 and _agent(again)["restarts"] == 2
+        pids.add(_agent(again)["standby_pid"])
 
         pids.add(_agent(cluster.wait(a1, lambda s: True))["app_pid"])
         for agent in cluster.agents.values():             # graceful stop: every process goes with its agent
