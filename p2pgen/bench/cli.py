@@ -63,13 +63,16 @@ def _plots_module(what: str):
 
 
 def _add_recovery(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("recovery", help="fault and join recovery on real agent processes (membership, step loop vs "
-                                        "restart-all), catch-up vs raw TCP, per-step overhead")
+    p = sub.add_parser("recovery", help="fault and join recovery on real agent processes (membership, step loop "
+                                        "beside torchft, torchrun and restart-all), catch-up vs raw TCP, per-step "
+                                        "overhead")
     p.add_argument("--trials", type=int, help="membership trials per fault kind (default 4; --quick: 1)")
-    p.add_argument("--steploop-trials", type=int, help="step-loop trials of the three faults, per policy and round "
+    p.add_argument("--steploop-trials", type=int, help="step-loop trials of the three faults, per peer and round "
                                                        "(default 1 x 2 rounds; --quick: 1 x 1 round)")
+    p.add_argument("--peers", nargs="+", choices=("p2pgen", "torchft", "torchrun", "restart-all"),
+                   help="step-loop peers (default: all; one that is not installed is skipped with the reason)")
     p.add_argument("--checkpoint-every", type=int,
-                   help="restart-all: steps between checkpoints (default 20); faults land mid-interval")
+                   help="torchrun and restart-all: steps between checkpoints (default 20); faults land mid-interval")
     p.add_argument("--detect-timeout", type=float, default=1.0, help="agents' fixed detection timeout (default 1.0 s)")
     p.add_argument("--quick", action="store_true", help="a short run of every section (about a minute)")
     p.add_argument("--only", action="append", metavar="SECTION",
@@ -93,6 +96,8 @@ def _run_recovery(args: argparse.Namespace) -> int:
                          "--detect-timeout > 0")
     plan = recovery.Plan.quick() if args.quick else recovery.Plan()
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
+    if args.peers:
+        plan = dataclasses.replace(plan, peers=tuple(p for p in recovery.STEPLOOP_PEERS if p in args.peers))
     sections = tuple(s for s in recovery.SECTIONS if not args.only or s in args.only)
     if args.plot:
         _plots_module("recovery")

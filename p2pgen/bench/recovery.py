@@ -4,16 +4,19 @@ Owns four sections, each reported as a table and under its own JSON key:
 1. membership (top-level keys, read by `p2pgen sim --recovery-json`): SIGKILL and SIGSTOP of a
    supervised `sleep` application, SIGKILL of the agent that is the Raft leader, a joiner becoming a
    member. Read from certificates (`activated_at` minus the wall time of the fault).
-2. `steploop`: three members train a small numpy model in the step loop (`p2pgen.bench.apps.steploop`);
-   SIGKILL of an application, SIGSTOP of one, SIGKILL of the leader's agent; under the p2pgen policy and
-   under restart-all (every application restarts and reloads a checkpoint, as torchrun does). Read from
-   the applications' traces: fault -> next generation active, -> first commit of every survivor,
-   -> every survivor past the pre-fault revision (time lost), and the steps rolled back.
+2. `steploop`: three members train a small numpy model in a step loop, the same workload under every peer:
+   p2pgen (`p2pgen.bench.apps.steploop`), torchft and torchrun (`p2pgen.bench.peers`, real processes of
+   theirs) and restart-all (p2pgen's agents restarting every application from a checkpoint). Faults:
+   SIGKILL of an application, SIGSTOP of one, SIGKILL of a whole host (p2pgen: the leader's agent).
+   Read from the applications' traces, one analysis for every peer (`analyze_fault`): fault -> next
+   generation active, -> first commit of every survivor, -> every survivor past the pre-fault revision
+   (time lost), the steps rolled back, and -> the replacement process's first commit (heal).
 3. `catchup`: `p2pgen.bench.catchup.catchup_throughput` (pull vs raw loopback TCP, same run).
 4. `step_overhead`: `p2pgen.bench.apps.noop`: a step through `peer.steps()` vs a bare all-reduce, in
    one process and one generation.
-Invariant: every process a section starts is stopped by pid before the section returns (`Cluster`);
-figures are wall-clock differences of timestamps taken on this machine, never of polling times.
+Invariant: every process a section starts is stopped by pid before the section returns (`Cluster`,
+`p2pgen.bench.peers.Deployment`); figures are wall-clock differences of timestamps taken on this machine,
+never of polling times.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from p2pgen.bench.peers import DEPLOYMENTS, MISSING, settings_text
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "catchup", "overhead")
-POLICIES = ("p2pgen", "restart-all")
+STEPLOOP_PEERS = ("p2pgen", "torchft", "torchrun", "restart-all")
 FAULTS = ("sigkill_app", "sigstop_app", "kill_agent")
 PEERS = ("p0", "p1", "p2")
 CATCHUP_RUNS = ((64 << 20, 1), (64 << 20, 2), (256 << 20, 1), (256 << 20, 2))
@@ -47,6 +51,7 @@ class Plan:
     trials: int = 4                  # membership trials
     steploop_rounds: int = 2         # rounds; each runs both policies (order alternates) ...
     steploop_trials: int = 1         # ... with this many trials of the three faults each
+    peers: tuple[str, ...] = STEPLOOP_PEERS   # step-loop peers, in the order of the first round
     step_delay: float = 0.02
     checkpoint_every: int = 20
     catchup: tuple[tuple[int, int], ...] = CATCHUP_RUNS
@@ -157,7 +162,7 @@ def format_membership(results: dict[str, list[float]], detect_timeout: float) ->
         "an application's exit is reported by its agent at once)"])
 
 
-# --- 2. step-loop recovery, p2pgen vs restart-all ------------------------------------------------------
+# --- 2. step-loop recovery: p2pgen beside torchft, torchrun and restart-all --------------------------
 
 SETTLE_COMMITS = 5
 Events = list[dict[str, Any]]
@@ -165,7 +170,7 @@ Events = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class Fault:
-    policy: str
+    policy: str          # the peer under test: p2pgen, torchft, torchrun, restart-all
     kind: str
     victim: str
     t: float
@@ -192,13 +197,13 @@ class TraceTail:
             self.events.extend(json.loads(line) for line in whole.splitlines() if any(k in line for k in self.KEPT))
         return self.events
 
-    def wait(self, predicate: Callable[[Events], bool], timeout: float, what: str, cluster: Cluster) -> None:
+    def wait(self, predicate: Callable[[Events], bool], timeout: float, what: str, logs: Callable[[], str]) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate(self.refresh()):
                 return
             time.sleep(0.05)
-        raise AssertionError(f"step loop: {what} did not happen within {timeout} s\n{cluster.logs()}")
+        raise AssertionError(f"step loop: {what} did not happen within {timeout} s\n{logs()}")
 
 
 def _commits(events: Events) -> Events:
@@ -212,54 +217,96 @@ def _past(t0: float, revision: int, peers: list[str]) -> Callable[[Events], bool
 
 
 def _training(after: float, world: int) -> Callable[[Events], bool]:
-    """A generation of `world` members, first trained in after `after`, where each committed SETTLE_COMMITS steps."""
+    """Every peer committed SETTLE_COMMITS steps, after `after`, in generations of `world` members first trained in
+    after `after` (torchft's quorums can change every few steps; p2pgen's stay)."""
     def holds(events: Events) -> bool:
         full = {e["generation"] for e in events
                 if e["event"] == "certificate" and e["world"] == world and e["t"] > after}
-        counts = Counter((e["generation"], e["peer"]) for e in _commits(events) if e["generation"] in full)
-        return any(sum(counts[(g, p)] >= SETTLE_COMMITS for p in PEERS) == world for g in full)
+        counts = Counter(e["peer"] for e in _commits(events) if e["generation"] in full and e["t"] > after)
+        return all(counts[p] >= SETTLE_COMMITS for p in PEERS)
     return holds
 
 
-def _inject(cluster: Cluster, kind: str, trial: int) -> tuple[str, float]:
-    """Inject one fault; returns (victim peer id, wall time of the fault)."""
-    if kind == "kill_agent":
-        shown = cluster.wait(cluster.agents[PEERS[0]].addr, lambda s: s["raft"]["leader"] is not None)
-        agent = _leader_agent(cluster, shown)
+class P2PGenDeployment:
+    """Three `p2pgen join` agents running the step-loop app under the p2pgen or restart-all policy."""
+
+    def __init__(self, policy: str, plan: Plan, detect_timeout: float, workdir: Path, trace_dir: Path,
+                 agent_args: tuple[str, ...] = ()) -> None:
+        self.policy, self.agent_args = policy, agent_args
+        self.cluster = Cluster(workdir, job="bench-steploop", detect=_detect_flags(detect_timeout))
+        self.command = [sys.executable, "-m", "p2pgen.bench.apps.steploop", f"--policy={policy}",
+                        f"--trace-dir={trace_dir}", f"--checkpoint={workdir / 'checkpoint.npz'}",
+                        f"--checkpoint-every={plan.checkpoint_every}", f"--step-delay={plan.step_delay}"]
+        self.addrs: list[str] = []
+
+    def start(self) -> None:
+        self.addrs = [f"127.0.0.1:{p}" for p in free_control_ports(len(PEERS))]
+        start_steploop_cluster(self.cluster, self.policy, self.command, self.addrs, self.agent_args)
+
+    def start_host(self, peer: str) -> None:
+        addr = self.cluster.agents[peer].addr
+        self.cluster.start(peer, addr, [a for a in self.addrs if a != addr], command=self.command,
+                           extra=("--max-restarts=1000", *self.agent_args))
+
+    def inject(self, kind: str, trial: int, events: Events) -> tuple[str, float]:
+        """Inject one fault; returns (victim peer id, wall time of the fault)."""
+        cluster = self.cluster
+        if kind == "kill_agent":
+            shown = cluster.wait(cluster.agents[PEERS[0]].addr, lambda s: s["raft"]["leader"] is not None)
+            agent = _leader_agent(cluster, shown)
+            t0 = time.time()
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.proc.wait()
+            return agent.peer_id, t0
+        victim = cluster.agents[PEERS[(trial + (kind == "sigstop_app")) % len(PEERS)]]
+        with cluster.client(victim.addr) as c:
+            pid = c.show()["agent"]["app_pid"]
         t0 = time.time()
-        os.killpg(agent.pid, signal.SIGKILL)
-        agent.proc.wait()
-        return agent.peer_id, t0
-    victim = cluster.agents[PEERS[(trial + (kind == "sigstop_app")) % len(PEERS)]]
-    with cluster.client(victim.addr) as c:
-        pid = c.show()["agent"]["app_pid"]
-    t0 = time.time()
-    os.kill(pid, signal.SIGKILL if kind == "sigkill_app" else signal.SIGSTOP)
-    return victim.peer_id, t0
+        os.kill(pid, signal.SIGKILL if kind == "sigkill_app" else signal.SIGSTOP)
+        return victim.peer_id, t0
+
+    def logs(self) -> str:
+        return self.cluster.logs()
+
+    def stop(self) -> None:
+        self.cluster.stop_all()
 
 
-def _one_fault(cluster: Cluster, tail: TraceTail, command: list[str], addrs: list[str], policy: str, kind: str,
-               trial: int, checkpoint_every: int) -> Fault:
+def start_steploop_cluster(cluster: Cluster, policy: str, command: list[str], addrs: list[str],
+                           agent_args: tuple[str, ...] = ()) -> None:
+    """The one place the step loop's agents start: one per address in PEERS' order; `agent_args` are added to
+    every agent's command line (and to a restarted agent's)."""
+    for peer, addr in zip(PEERS, addrs):
+        cluster.start(peer, addr, [a for a in addrs if a != addr], command=command,
+                      extra=("--min-members=3", "--max-restarts=1000",
+                             *(RESTART_ALL_AGENT_ARGS if policy == "restart-all" else ()), *agent_args))
+
+
+def _one_fault(deployment: Any, tail: TraceTail, policy: str, kind: str, trial: int, checkpoint_every: int) -> Fault:
     """Wait for mid-interval between two checkpoints (the mean rollback of a fault at a random time), inject, wait
-    until the survivors are past the pre-fault revision, restore 3 members, wait until they train."""
+    until the survivors are past the pre-fault revision, bring a killed host back, wait until 3 members train.
+    A stopped application is never continued: its supervisor (p2pgen's agent, torchft's host) kills it after
+    the detection timeout and starts a new one; torchrun's agent kills it when it restarts its workers."""
     now = max(e["revision"] for e in _commits(tail.refresh()))
     half = checkpoint_every // 2
     target = now + (half - now) % checkpoint_every
     tail.wait(lambda events: max(e["revision"] for e in _commits(events)) >= target, 90,
-              f"{policy}: revision {target} before {kind}", cluster)
-    victim, t0 = _inject(cluster, kind, trial)
+              f"{policy}: revision {target} before {kind}", deployment.logs)
+    victim, t0 = deployment.inject(kind, trial, tail.refresh())
     revision = max(e["revision"] for e in _commits(tail.refresh()) if e["t"] <= t0)
     survivors = [p for p in PEERS if p != victim]
-    tail.wait(_past(t0, revision, survivors), 90, f"{policy}: survivors of {kind} past revision {revision}", cluster)
+    tail.wait(_past(t0, revision, survivors), 120, f"{policy}: survivors of {kind} past revision {revision}",
+              deployment.logs)
     if kind == "kill_agent":
-        addr = cluster.agents[victim].addr
-        cluster.start(victim, addr, [a for a in addrs if a != addr], command=command, extra=("--max-restarts=1000",))
-    tail.wait(_training(t0, len(PEERS)), 90, f"{policy}: training with 3 members again after {kind}", cluster)
+        deployment.start_host(victim)
+    tail.wait(_training(t0, len(PEERS)), 120, f"{policy}: training with 3 members again after {kind}",
+              deployment.logs)
     return Fault(policy, kind, victim, t0)
 
 
 def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
-    """The figures of one fault, from the traces of every process of the run (see the module docstring)."""
+    """The figures of one fault, from the traces of every process of the run (see the module docstring).
+    heal_s: fault -> first commit of a process of the victim started after the fault (None if none did)."""
     commits = _commits(events)
     g_before = max(e["generation"] for e in commits if e["t"] <= fault.t)
     r_fault = max(e["revision"] for e in commits if e["generation"] <= g_before)
@@ -271,43 +318,51 @@ def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
                key=lambda e: e["generation"])
     until = max(e["t"] for e in regained)
     started = {(e["peer"], e["incarnation"]) for e in events if e["event"] == "start" and fault.t < e["t"] <= until}
+    new = {e["incarnation"] for e in events if e["event"] == "start" and e["peer"] == fault.victim and e["t"] > fault.t}
+    healed = [e["t"] for e in commits if e["peer"] == fault.victim and e["incarnation"] in new and e["t"] > fault.t]
     return {**asdict(fault), "revision_at_fault": r_fault, "to_active_s": cert["activated_at"] - fault.t,
             "to_first_commit_s": max(e["t"] for e in first) - fault.t, "to_regain_s": until - fault.t,
-            "rollback_steps": r_fault - (min(e["revision"] for e in first) - 1), "processes_started": len(started)}
+            "rollback_steps": r_fault - (min(e["revision"] for e in first) - 1), "processes_started": len(started),
+            "heal_s": min(healed) - fault.t if healed else None}
+
+
+def make_deployment(policy: str, plan: Plan, detect_timeout: float, workdir: Path, trace_dir: Path) -> Any:
+    if policy in ("p2pgen", "restart-all"):
+        return P2PGenDeployment(policy, plan, detect_timeout, workdir, trace_dir)
+    return DEPLOYMENTS[policy](workdir, trace_dir, plan.step_delay, plan.checkpoint_every, detect_timeout)
 
 
 def run_steploop_block(policy: str, trials: int, first_trial: int, plan: Plan, detect_timeout: float,
                        workdir: Path) -> list[dict[str, Any]]:
-    """One cluster of three agents running the step-loop app under `policy`; `trials` x the three faults."""
+    """Three hosts running the step loop under `policy` (a peer of STEPLOOP_PEERS); `trials` x the three faults."""
     trace_dir = workdir / "traces"
     trace_dir.mkdir(parents=True)
-    cluster = Cluster(workdir, job="bench-steploop", detect=_detect_flags(detect_timeout))
-    command = [sys.executable, "-m", "p2pgen.bench.apps.steploop", f"--policy={policy}", f"--trace-dir={trace_dir}",
-               f"--checkpoint={workdir / 'checkpoint.npz'}", f"--checkpoint-every={plan.checkpoint_every}",
-               f"--step-delay={plan.step_delay}"]
+    deployment = make_deployment(policy, plan, detect_timeout, workdir, trace_dir)
     tail = TraceTail(trace_dir)
     faults: list[Fault] = []
     try:
-        addrs = [f"127.0.0.1:{p}" for p in free_control_ports(len(PEERS))]
-        for peer, addr in zip(PEERS, addrs):
-            cluster.start(peer, addr, [a for a in addrs if a != addr], command=command,
-                          extra=("--min-members=3", "--max-restarts=1000",
-                                 *(RESTART_ALL_AGENT_ARGS if policy == "restart-all" else ())))
-        tail.wait(_training(0.0, len(PEERS)), 120, f"{policy}: training with 3 members", cluster)
+        deployment.start()
+        tail.wait(_training(0.0, len(PEERS)), 180, f"{policy}: training with 3 members", deployment.logs)
         for trial in range(first_trial, first_trial + trials):
-            faults.extend(_one_fault(cluster, tail, command, addrs, policy, kind, trial, plan.checkpoint_every)
-                          for kind in FAULTS)
+            faults.extend(_one_fault(deployment, tail, policy, kind, trial, plan.checkpoint_every) for kind in FAULTS)
     finally:
-        cluster.stop_all()
+        deployment.stop()
     events = tail.refresh()
     return [analyze_fault(events, f) for f in faults]
 
 
+def available_peers(peers: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The peers of `peers` that can run here, and why each other one cannot."""
+    skipped = {p: why for p in peers if p in MISSING and (why := MISSING[p]()) is not None}
+    return tuple(p for p in peers if p not in skipped), skipped
+
+
 def run_steploop(plan: Plan, detect_timeout: float, workdir: Path) -> list[dict[str, Any]]:
-    """Rounds of both policies, the order alternating (ABBA), so that both see the same load drift."""
+    """Rounds of every peer of the plan, the order reversed every other round (ABBA), so that all see the same
+    load drift."""
     records: list[dict[str, Any]] = []
     for r in range(plan.steploop_rounds):
-        for policy in (POLICIES if r % 2 == 0 else POLICIES[::-1]):
+        for policy in (plan.peers if r % 2 == 0 else plan.peers[::-1]):
             records += run_steploop_block(policy, plan.steploop_trials, r * plan.steploop_trials, plan,
                                           detect_timeout, workdir / f"{policy}-{r}")
     return records
@@ -317,37 +372,49 @@ STEPLOOP_METRICS = (("to_active_s", "to next active generation (ms)", 1000.0),
                     ("to_first_commit_s", "to first commit, every survivor (ms)", 1000.0),
                     ("to_regain_s", "to regain pre-fault revision (ms)", 1000.0),
                     ("rollback_steps", "steps rolled back", 1.0),
+                    ("heal_s", "heal: to the replacement's first commit (ms)", 1000.0),
                     ("processes_started", "processes started", 1.0))
 
 
 def summarize_steploop(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """policy -> fault kind -> metric -> summary."""
-    return {policy: {kind: {m: summarize([r[m] for r in records if r["policy"] == policy and r["kind"] == kind])
-                            for m, _, _ in STEPLOOP_METRICS}
-                     for kind in FAULTS if any(r["policy"] == policy and r["kind"] == kind for r in records)}
-            for policy in POLICIES}
+    """peer -> fault kind -> metric -> summary (a metric with no value, e.g. no heal seen, is left out)."""
+    out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for policy in STEPLOOP_PEERS:
+        for kind in FAULTS:
+            rows = [r for r in records if r["policy"] == policy and r["kind"] == kind]
+            if rows:
+                out.setdefault(policy, {})[kind] = {
+                    m: summarize(values) for m, _, _ in STEPLOOP_METRICS
+                    if (values := [r[m] for r in rows if r.get(m) is not None])}
+    return out
 
 
-def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float) -> str:
-    rows = [["fault", "measurement", "n", "p2pgen p50", "p2pgen p99", "restart-all p50", "restart-all p99",
-             "ratio p50"]]
+def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float,
+                    skipped: dict[str, str] | None = None) -> str:
+    peers = [p for p in STEPLOOP_PEERS if p in summary]
+    rows = [["fault", "measurement", "n", *(f"{p} p50/p99/max" for p in peers)]]
     for kind in FAULTS:
         for metric, label, scale in STEPLOOP_METRICS:
-            ours, base = summary["p2pgen"].get(kind, {}).get(metric), summary["restart-all"].get(kind, {}).get(metric)
-            if ours is None or base is None:
+            cells = [summary[p].get(kind, {}).get(metric) for p in peers]
+            if not any(cells):
                 continue
             digits = 0 if scale > 1 else 1
-            ratio = f"{base['p50'] / ours['p50']:.1f}x" if ours["p50"] > 0 else "-"
-            rows.append([kind if metric == "to_active_s" else "", label, str(ours["n"]),
-                         *(f"{s[q] * scale:.{digits}f}" for s in (ours, base) for q in ("p50", "p99")), ratio])
+            n = "/".join(sorted({str(c["n"]) for c in cells if c}))
+            rows.append([kind if metric == "to_active_s" else "", label, n,
+                         *("/".join(f"{c[q] * scale:.{digits}f}" for q in ("p50", "p99", "max")) if c else "-"
+                           for c in cells)])
     return "\n".join([
-        f"step-loop recovery: 3 members train a numpy model (4 MiB of state, {plan.step_delay * 1000:.0f} ms step "
-        f"delay); restart-all = every application restarts and reloads the checkpoint rank 0 writes every "
-        f"{plan.checkpoint_every} steps; both policies are faulted mid-interval "
-        f"({plan.checkpoint_every // 2} steps after a checkpoint); ratio = restart-all / p2pgen",
+        f"step-loop recovery: 3 members train a linear model (float32 W and momentum, 4 MiB, gradients all-reduced "
+        f"(SUM) every step, {plan.step_delay * 1000:.0f} ms step delay); every peer is faulted mid-interval "
+        f"({plan.checkpoint_every // 2} steps after a checkpoint of rank 0, written every {plan.checkpoint_every} "
+        "steps by torchrun and restart-all, which restart every process and reload it; torchft heals a replica from "
+        "a peer, p2pgen a process from the frontier)",
         *_table(rows),
-        f"kill_agent kills the Raft leader's agent (its application dies with it); detector: fixed {detect_timeout} s; "
-        "p99 of n samples is the max when n < 100"])
+        f"kill_agent: p2pgen and restart-all kill the Raft leader's agent, torchft the host (restarter and replica) "
+        f"and torchrun the agent and worker of rank 0; the host comes back once the survivors are past the "
+        f"pre-fault step. p2pgen detector: fixed {detect_timeout} s. p99 of n samples is the max when n < 100",
+        *settings_text(detect_timeout),
+        *(f"{p}: skipped: {why}" for p, why in (skipped or {}).items())])
 
 
 # --- 3. catch-up throughput ----------------------------------------------------------------------------
@@ -419,8 +486,13 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
     results: dict[str, Any] = {}
     for section in sections:
         (workdir / section).mkdir()
+    peers, skipped = available_peers(plan.peers)
+    if "steploop" in sections:
+        results["steploop_skipped"] = skipped
+        for peer, why in skipped.items():
+            print(f"p2pgen bench recovery: step loop without {peer}: {why}", file=sys.stderr)
     steps = {"membership": lambda: run_membership(plan.trials, detect_timeout, workdir / "membership"),
-             "steploop": lambda: run_steploop(plan, detect_timeout, workdir / "steploop"),
+             "steploop": lambda: run_steploop(replace(plan, peers=peers), detect_timeout, workdir / "steploop"),
              "catchup": lambda: run_catchup(plan),
              "overhead": lambda: run_overhead(plan, detect_timeout, workdir / "overhead")}
     for done, section in enumerate(s for s in SECTIONS if s in sections):
@@ -440,7 +512,8 @@ def to_json(results: dict[str, Any], detect_timeout: float, plan: Plan) -> str:
         out["agent_kill_to_active_s"] = out.get("leader_agent_kill_to_active_s")   # the key `p2pgen sim` reads
     if "steploop" in results:
         out["steploop"] = {"step_delay_s": plan.step_delay, "checkpoint_every": plan.checkpoint_every,
-                           "summary": summarize_steploop(results["steploop"]), "faults": results["steploop"]}
+                           "summary": summarize_steploop(results["steploop"]), "faults": results["steploop"],
+                           "skipped": results.get("steploop_skipped", {}), "settings": settings_text(detect_timeout)}
     if "catchup" in results:
         out["catchup"] = results["catchup"]
     if "overhead" in results:
@@ -453,7 +526,8 @@ def format_text(results: dict[str, Any], detect_timeout: float, plan: Plan) -> s
     if "membership" in results:
         parts.append(format_membership(results["membership"], detect_timeout))
     if "steploop" in results:
-        parts.append(format_steploop(summarize_steploop(results["steploop"]), plan, detect_timeout))
+        parts.append(format_steploop(summarize_steploop(results["steploop"]), plan, detect_timeout,
+                                     results.get("steploop_skipped")))
     if "catchup" in results:
         parts.append(format_catchup(results["catchup"]))
     if "overhead" in results:

@@ -1,10 +1,12 @@
 """`p2pgen bench recovery`: the cheap pieces for real (per-step overhead of a no-op model on two agents,
-through the CLI), the step-loop trace analysis on a hand-written transcript, and the JSON shape that
-`p2pgen sim --recovery-json` reads. No speed figure is asserted."""
+through the CLI), the step-loop trace analysis on hand-written transcripts (rollback, heal), the table with
+every peer, the skip of a peer that is not installed, and the JSON shape that `p2pgen sim --recovery-json`
+reads. No speed figure is asserted."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -43,6 +45,64 @@ def test_analysis_of_a_restart_all_fault_counts_the_rollback_and_the_restarts():
     assert got["to_first_commit_s"] == pytest.approx(2.5)   # revision 9 again
     assert got["to_regain_s"] == pytest.approx(3.5)         # revision 11: past the pre-fault revision
     assert got["processes_started"] == 3
+    assert got["heal_s"] == pytest.approx(2.5)              # p1's new incarnation commits revision 9 at 12.5
+
+
+# A p2pgen transcript: p1 is killed at t=10.0 after revision 10; p0 and p2 commit revision 11 in generation 3
+# at 11.0 (nothing rolled back); p1's new incarnation starts at 11.5 and first commits revision 13 at 12.0.
+P2PGEN = [
+    *(commit(p, 1, 2, r, 9.0 + (r - 9) * 0.5) for p in recovery.PEERS for r in (9, 10)),
+    certificate("p0", 1, 3, 2, 11.0, 10.9),
+    *(commit(p, 1, 3, r, 11.0 + (r - 11) * 0.5) for p in ("p0", "p2") for r in (11, 12)),
+    {"event": "start", "peer": "p1", "incarnation": 2, "t": 11.5},
+    certificate("p0", 1, 4, 3, 12.0, 11.9),
+    *(commit(p, 1 + (p == "p1"), 4, 13, 12.0) for p in recovery.PEERS),
+]
+
+
+def test_analysis_of_a_p2pgen_fault_measures_the_heal_of_the_victim_and_no_rollback():
+    got = recovery.analyze_fault(P2PGEN, recovery.Fault("p2pgen", "sigkill_app", "p1", 10.0))
+    assert got["rollback_steps"] == 0
+    assert got["to_active_s"] == pytest.approx(0.9)
+    assert got["to_first_commit_s"] == pytest.approx(1.0)
+    assert got["to_regain_s"] == pytest.approx(1.0)
+    assert got["heal_s"] == pytest.approx(2.0)
+    assert got["processes_started"] == 0                    # p1 came back after the survivors regained
+
+
+def test_heal_ignores_the_victims_old_process_and_is_none_until_a_new_one_commits():
+    old_only = [e for e in P2PGEN if not (e["peer"] == "p1" and e["incarnation"] == 2)]
+    old_only.append(commit("p1", 1, 4, 13, 12.0))           # a commit of the old incarnation: not a heal
+    got = recovery.analyze_fault(old_only, recovery.Fault("p2pgen", "sigstop_app", "p1", 10.0))
+    assert got["heal_s"] is None
+    summary = recovery.summarize_steploop([got])
+    assert "heal_s" not in summary["p2pgen"]["sigstop_app"]
+    assert summary["p2pgen"]["sigstop_app"]["to_first_commit_s"]["n"] == 1
+
+
+def test_the_table_has_a_column_per_peer_and_prints_every_peers_settings():
+    p2pgen = recovery.analyze_fault(P2PGEN, recovery.Fault("p2pgen", "sigkill_app", "p1", 10.0))
+    records = [p2pgen, {**p2pgen, "policy": "torchft"},
+               recovery.analyze_fault(RESTART_ALL, recovery.Fault("torchrun", "sigkill_app", "p1", 10.0))]
+    text = recovery.format_steploop(recovery.summarize_steploop(records), recovery.Plan.quick(), 1.0,
+                                    {"restart-all": "not asked for"})
+    header = next(line for line in text.splitlines() if line.startswith("fault"))
+    assert header.split()[-6:] == ["p2pgen", "p50/p99/max", "torchft", "p50/p99/max", "torchrun", "p50/p99/max"]
+    heal = next(line for line in text.splitlines() if line.strip().startswith("heal"))
+    assert heal.split()[-3:] == ["2000/2000/2000", "2000/2000/2000", "2500/2500/2500"]
+    assert "--heartbeat_timeout_ms 1000" in text and "--max-restarts=" in text
+    assert "restart-all: skipped: not asked for" in text
+
+
+def test_a_peer_that_is_not_installed_is_skipped_with_its_reason(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torchft", None)           # import torchft raises ImportError
+    peers, skipped = recovery.available_peers(("p2pgen", "torchft"))
+    assert peers == ("p2pgen",) and "torchft is not installed" in skipped["torchft"]
+    assert cli.main(["bench", "recovery", "--only", "steploop", "--peers", "torchft", "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["steploop"]["faults"] == [] and "pip install" in doc["steploop"]["skipped"]["torchft"]
+    assert "step loop without torchft" in out.err
 
 
 def test_json_keeps_the_keys_p2pgen_sim_reads_and_adds_every_section(tmp_path):
