@@ -530,8 +530,7 @@ class Agent:
             log.info("application finished cleanly; leaving the job")
             self._leave()
             return True
-        self._report_app(app, f"application {why}")
-        self._report_kept_copy(app)
+        self._report_app(app, f"application {why}", with_copy=True)
         if counted:
             self.restarts += 1
             if self.restarts > self.config.max_restarts:
@@ -559,23 +558,29 @@ class Agent:
         self._relaunch = None
         self._launch_app()
 
-    def _report_kept_copy(self, app: Application) -> None:
-        """Tell the job what the dead incarnation left in its local copy on this host: the next incarnation
-        restores it, so a generation that would resume below it waits for that one (bounded)."""
-        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr)
-        if copy_ is None or copy_.revision <= 0:
-            return
-        outcome = self._submit(Kept(self.config.peer_id, app.incarnation, copy_.revision, copy_.digest,
-                                    copy_.generation, at=time.time()),
-                               f"report the local copy of {self.config.peer_id}#{app.incarnation}")
-        if outcome is not None:
-            log.info("%s", outcome.reason)
-
-    def _report_app(self, app: Application, why: str) -> None:
+    def _report_app(self, app: Application, why: str, with_copy: bool = False) -> None:
+        """Tell the job the application is gone; `with_copy` (it died): also what it left in its local copy on
+        this host, which the next incarnation restores, so a generation that would resume below it waits for that
+        one (bounded). The copy goes in the same entry as the removal (no survivor's vote can be elected between
+        the two), or, when the removal was already recorded, as `Kept`."""
+        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr) if with_copy else None
+        if copy_ is not None and copy_.revision <= 0:
+            copy_ = None
+        kept = {"kept_revision": copy_.revision, "kept_digest": copy_.digest, "kept_lineage": copy_.generation} \
+            if copy_ is not None else {}
         outcome = self._submit(Suspect(self.config.peer_id, self.config.peer_id, app.incarnation, why,
-                                       at=time.time()), f"report {self.config.peer_id}#{app.incarnation}")
-        if outcome is not None:
-            log.info("reported %s#%d: %s", self.config.peer_id, app.incarnation, outcome.reason)
+                                       at=time.time(), **kept), f"report {self.config.peer_id}#{app.incarnation}")
+        if outcome is None:
+            return
+        log.info("reported %s#%d: %s", self.config.peer_id, app.incarnation, outcome.reason)
+        if copy_ is not None and outcome.ok:
+            log.info("%s#%d left a local copy of revision %d", self.config.peer_id, app.incarnation, copy_.revision)
+        elif copy_ is not None:
+            outcome = self._submit(Kept(self.config.peer_id, app.incarnation, copy_.revision, copy_.digest,
+                                        copy_.generation, at=time.time()),
+                                   f"report the local copy of {self.config.peer_id}#{app.incarnation}")
+            if outcome is not None:
+                log.info("%s", outcome.reason)
 
     def _evict_agent(self, control_addr: str, instance: str, why: str) -> None:
         """Another agent is gone (silent, or replaced by a new process): its members are suspected now and

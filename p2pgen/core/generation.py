@@ -22,7 +22,8 @@ Invariants kept (checked by tests/core after every step):
 - Lineage: every activation records where the job resumed; a `ready` whose state belongs to an older
   generation and lies above a later resumption (a local copy of steps the job never continued) counts as
   holding nothing: that member pulls, and such a state never becomes a frontier (I5: one serial history).
-- Kept copies: an agent whose application died reports the local copy it left (`Kept`); a proposal whose
+- Kept copies: an agent whose application died reports the local copy it left (in its `Suspect`, so that no
+  vote is elected between the removal and the report, or later as `Kept`); a proposal whose
   frontier is below such a copy (on the history, its peer not voting yet) is held, for at most `regress_wait`
   after the death, until the peer's new incarnation votes with what it restored. When another agent reports
   the active generation's last current member (its own agent is gone), the machine notes an inexact copy for
@@ -215,11 +216,17 @@ class GenerationMachine:
     def _suspect(self, cmd: Suspect, position: LogPosition) -> Outcome:
         if not cmd.reporter:
             return Outcome.refused("suspect: empty reporter")
+        if cmd.kept_revision >= 0 and cmd.reporter != cmd.peer_id:
+            return Outcome.refused(f"suspect: only {cmd.peer_id}'s own agent can report the local copy it kept")
+        if cmd.kept_revision < -1 or cmd.kept_lineage < 0:
+            return Outcome.refused("suspect: kept_revision must be >= -1 and kept_lineage >= 0")
+        own_copy = (Kept(cmd.peer_id, cmd.incarnation, cmd.kept_revision, cmd.kept_digest, cmd.kept_lineage, cmd.at)
+                    if cmd.kept_revision >= 0 else None)
         last_holder = (self._last_holder_note(cmd.peer_id, cmd.incarnation, cmd.at)
-                       if cmd.reporter != cmd.peer_id else None)   # its own agent reports what it kept (`Kept`)
+                       if cmd.reporter != cmd.peer_id else None)   # its own agent reports what it kept
         outcome = self._remove(cmd.peer_id, cmd.incarnation, f"suspected by {cmd.reporter}: {cmd.reason}", cmd.at)
-        if outcome.ok and last_holder is not None:
-            self.kept[cmd.peer_id] = last_holder       # its agent, if it lives, replaces this with the exact copy
+        if outcome.ok and (own_copy or last_holder) is not None:
+            self.kept[cmd.peer_id] = own_copy or last_holder   # its agent, if it lives, replaces a note with the copy
         return outcome
 
     def _last_holder_note(self, peer_id: str, incarnation: int, at: float) -> Kept | None:

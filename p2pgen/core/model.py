@@ -274,11 +274,18 @@ class Register:
 
 @dataclass(frozen=True)
 class Suspect:
+    """`reporter` says `peer_id#incarnation` is gone. When the reporter is the peer's own agent (its application
+    died), `kept_revision` >= 0 names the local copy the dead process left on the host (as `Kept` would), in the
+    same entry as the removal: a survivor's vote can then never be elected between the two."""
+
     reporter: str
     peer_id: str
     incarnation: int
     reason: str
     at: float = 0.0
+    kept_revision: int = -1    # -1: nothing kept, or not reported here
+    kept_digest: str = ""
+    kept_lineage: int = 0
 
 
 @dataclass(frozen=True)

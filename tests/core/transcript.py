@@ -169,7 +169,9 @@ class Interpreter:
             return Register(peer, int(inc), addrs, at=at)
         if name == "suspect":
             peer, inc = pos
-            return Suspect(kw.pop("reporter"), peer, int(inc), kw.pop("reason", ""), at=at)
+            kept = kw.pop("kept").split(":") if "kept" in kw else ["-1", "", "0"]    # revision:digest:lineage
+            return Suspect(kw.pop("reporter"), peer, int(inc), kw.pop("reason", ""), at=at, kept_revision=int(kept[0]),
+                           kept_digest=kept[1], kept_lineage=int(kept[2]))
         if name == "leave":
             peer, inc = pos
             return Leave(peer, int(inc), at=at)
