@@ -60,7 +60,8 @@ PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # 
 PORTS_PER_AGENT = len(PORT_OFFSETS)
 SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
 DRIVER_TURN_S = 0.25            # the driver's longest wait; a new Raft view or any event wakes it at once
-STANDBY_SETTLE_S = 10.0         # a standby starts once the application runs in a generation, or this long after
+STANDBY_QUIET_S = 1.0           # a standby starts once the application ran this long in the active generation,
+STANDBY_SETTLE_S = 10.0         # ... or this long after it started
 STANDBY_REPLACEMENTS = 3        # standbys that died waiting, in a row, after which the agent keeps none
 STANDBY_POLL_S = 30.0           # longest answer of one `standby` long-poll (the standby asks again)
 
@@ -149,6 +150,7 @@ class Agent:
         self._stopped_app: tuple[Application, float] | None = None
         self._standby: Application | None = None    # the warm standby, not yet promoted (--standby 1)
         self._standby_deaths = 0                    # standbys that died while waiting, in a row
+        self._active_seen: tuple[int | None, float] = (None, 0.0)   # (active generation, when first seen here)
         self._lost: dict[tuple[str, str], str] = {}     # (agent address, instance or "") -> why it is lost
         self._leaderless_since: float | None = None
         self._last_membership_check = 0.0
@@ -320,9 +322,9 @@ class Agent:
     # --- the warm standby (--standby 1) -------------------------------------------------------------
 
     def _keep_standby(self) -> None:
-        """Start a standby when the job wants one and none is waiting: once the application runs in the active
-        generation (or a while after it started; `standby_due`), so its imports never slow down the start of
-        the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS died in a row."""
+        """Start a standby when the job wants one and none is waiting: once the application ran a second in the
+        active generation (or a while after it started; `standby_due`), so its imports never slow down the start
+        and first steps of the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS died in a row."""
         if (self.config.standby < 1 or not self.config.command or self._standby is not None
                 or self._leaving.is_set() or self._standby_deaths >= STANDBY_REPLACEMENTS):
             return
@@ -330,8 +332,12 @@ class Agent:
         live = app is not None and not app.exited.is_set() and app.incarnation is not None \
             and self.incarnation == app.incarnation
         identity = (self.config.peer_id, app.incarnation) if live and app is not None else None
-        if not standby_due(self.node.view().machine, identity, time.monotonic() - app.started if app else 0.0,
-                           STANDBY_SETTLE_S):
+        machine, now = self.node.view().machine, time.monotonic()
+        generation = machine.active.generation if machine.active is not None else None
+        if self._active_seen[0] != generation:
+            self._active_seen = (generation, now)
+        if not standby_due(machine, identity, now - app.started if app else 0.0, STANDBY_SETTLE_S,
+                           now - self._active_seen[1], STANDBY_QUIET_S):
             return
         self._standby = self._start_process(None, standby=secrets.token_hex(8))
         log.info("started standby pid %d for %s", self._standby.pid, self.config.peer_id)

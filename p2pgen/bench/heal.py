@@ -196,7 +196,7 @@ def run_block(mode: str, kills: int, first_victim: int, step_delay: float, workd
     try:
         for p in PEERS:
             cluster.start(p, addrs[p], [a for q, a in addrs.items() if q != p], command, extra=extra,
-                          env={"P2PGEN_TRACE_DIR": str(trace_dir)})
+                          env={"P2PGEN_TRACE_DIR": str(trace_dir), "OMP_NUM_THREADS": "1"})
         for k in range(kills):
             cluster.wait_until(_steady(cluster, addrs, mode == "standby", trace_dir), 180, f"{mode}: a steady job")
             time.sleep(0.5)                                   # a few steps in the steady generation

@@ -38,13 +38,14 @@ def vote_owed(machine: GenerationMachine, peer_id: str, incarnation: int,
     return pending.generation
 
 
-def standby_due(machine: GenerationMachine, identity: tuple[str, int] | None, app_age: float,
-                settle: float) -> bool:
+def standby_due(machine: GenerationMachine, identity: tuple[str, int] | None, app_age: float, settle: float,
+                quiet_for: float, quiet: float) -> bool:
     """Whether the agent, which has no standby now, may start one for its application `identity` (its live
     current incarnation, None while there is none: the dead one's successor is about to start and takes the
-    CPU first). Due once that incarnation is a member of the active generation, or `settle` seconds after it
-    started (`app_age`) if it never gets there (a job waiting for more members)."""
+    CPU first). Due once that incarnation is a member of the active generation and that generation has been
+    active for `quiet` seconds (`quiet_for`, as the agent saw it: the first steps after a heal are over), or
+    `settle` seconds after it started (`app_age`) if it never gets there (a job waiting for more members)."""
     if identity is None:
         return False
     running = machine.active is not None and identity in {m.identity for m in machine.active.members}
-    return running or app_age >= settle
+    return (running and quiet_for >= quiet) or app_age >= settle

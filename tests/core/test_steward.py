@@ -45,12 +45,14 @@ def test_nobody_left_or_a_held_proposal_does_not_wait_for_a_generation_without_t
     assert not m.members and relaunch_due(m, ("a", 1), now=0.0, due=5.0)
 
 
-def test_a_standby_starts_once_its_application_runs_in_the_active_generation_or_after_the_settle_wait():
+def test_a_standby_starts_once_its_application_ran_in_the_active_generation_for_a_while_or_after_the_settle_wait():
     m = machine_of(Register("a", 1), Register("b", 1))
-    assert not standby_due(m, ("a", 1), app_age=1.0, settle=10.0)     # registered, nothing active yet
-    assert standby_due(m, ("a", 1), app_age=10.0, settle=10.0)        # bounded
+    due = lambda identity, age, quiet_for: standby_due(m, identity, age, 10.0, quiet_for, 1.0)   # noqa: E731
+    assert not due(("a", 1), 1.0, 5.0)              # registered, nothing active yet
+    assert due(("a", 1), 10.0, 0.0)                 # bounded
     m.apply(Ready(m.pending.generation, "a", 1, "proved", 0, ""), LogPosition(1, 3))
     m.apply(Ready(m.pending.generation, "b", 1, "proved", 0, ""), LogPosition(1, 4))
-    assert standby_due(m, ("a", 1), app_age=0.5, settle=10.0)         # its start-up is over
-    assert not standby_due(m, ("a", 2), app_age=0.5, settle=10.0)     # a newer one still starting
-    assert not standby_due(m, None, app_age=99.0, settle=10.0)        # no live application: its successor first
+    assert not due(("a", 1), 0.5, 0.2)              # just activated: its first steps first
+    assert due(("a", 1), 0.5, 1.0)                  # its start-up is over
+    assert not due(("a", 2), 0.5, 1.0)              # a newer one still starting
+    assert not due(None, 99.0, 99.0)                # no live application: its successor first
