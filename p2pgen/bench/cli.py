@@ -74,7 +74,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int,
                    help="torchrun and restart-all: steps between checkpoints (default 20); faults land mid-interval")
     p.add_argument("--detect-timeout", type=float, default=1.0, help="agents' fixed detection timeout (default 1.0 s)")
-    p.add_argument("--quick", action="store_true", help="a short run of every section (about a minute)")
+    p.add_argument("--quick", action="store_true", help="a short run of every section (a few minutes: the step loop "
+                                                        "alone takes about 3 with every peer)")
     p.add_argument("--only", action="append", metavar="SECTION",
                    choices=("membership", "steploop", "catchup", "overhead"),
                    help="run only this section (repeatable): membership, steploop, catchup, overhead")

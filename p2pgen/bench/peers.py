@@ -137,7 +137,8 @@ class Deployment:
         """Inject one fault; returns (victim host, wall time of the fault). kill_agent's victim is the host of
         rank 0 (the replica or worker the others recover or rendezvous through), as p2pgen's is the Raft leader."""
         if kind == "kill_agent":
-            victim = min(PEERS, key=lambda p: latest(events, p, "commit").get("rank", 0))
+            ranks = {p: latest(events, p, "commit")["rank"] for p in PEERS}
+            victim = min(PEERS, key=lambda p: len(PEERS) if ranks[p] is None else ranks[p])
             host = self.hosts[victim]
             t0 = time.time()
             kill_tree(host)

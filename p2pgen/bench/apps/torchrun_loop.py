@@ -16,8 +16,9 @@ Trace (`<trace-dir>/<peer>-<pid>.jsonl`, `p2pgen.peer.Trace`'s shape, incarnatio
 `start`, a `certificate` when the process group is up (generation = the wall-clock ms of rank 0 at that
 moment, broadcast, so that it grows from one rendezvous round to the next; world; activated_at), and a
 `commit` per step (generation, revision, rank, world).
-Invariant: a worker's revision is the number of steps its tensors hold, and a checkpoint file holds the
-tensors of the revision it names.
+Invariant: a worker's revision is the number of steps its tensors hold, a checkpoint file holds the
+tensors of the revision it names, and a worker dies with its agent (PR_SET_PDEATHSIG: torchrun starts
+workers in sessions of their own, so nothing else would end one whose agent was SIGKILLed).
 """
 
 from __future__ import annotations
