@@ -91,9 +91,10 @@ def load_checkpoint(path: Path) -> p2pgen.SharedState | None:
 
 def join(policy: str, state: p2pgen.SharedState, trace_dir: Path) -> Peer:
     env = os.environ
+    if policy == "p2pgen":       # a warm standby learns its incarnation inside join(): name the trace there
+        env["P2PGEN_TRACE_DIR"] = str(trace_dir)
+        return p2pgen.join(state=state)
     trace = str(trace_dir / f"{env['P2PGEN_PEER_ID'].replace('/', '_')}-{env['P2PGEN_INCARNATION']}.jsonl")
-    if policy == "p2pgen":
-        return p2pgen.join(state=state, trace=trace)
     return Peer(env["P2PGEN_JOB"], state, env["P2PGEN_AGENT"], env["P2PGEN_PEER_ID"], int(env["P2PGEN_INCARNATION"]),
                 load_secret(env.get("P2PGEN_SECRET_FILE"), env["P2PGEN_JOB"]), env["P2PGEN_DATA_ADDR"],
                 env["P2PGEN_STATE_ADDR"], trace_path=trace, policy=RESTART_ALL, observer=RestartOnChange())
