@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from p2pgen.agent.supervisor import die_with_parent
 from p2pgen.testing.agents import free_control_ports
@@ -98,6 +98,20 @@ def kill_tree(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(10)
+
+
+class StepLoopDeployment(Protocol):
+    """What `p2pgen.bench.recovery` needs of one step-loop block's processes, whichever the peer."""
+
+    def start(self) -> None: ...
+
+    def start_host(self, peer: str) -> None: ...
+
+    def inject(self, kind: str, trial: int, events: Events) -> tuple[str, float]: ...
+
+    def logs(self) -> str: ...
+
+    def stop(self) -> None: ...
 
 
 def latest(events: Events, peer: str, event: str) -> dict[str, Any]:

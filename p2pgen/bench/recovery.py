@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from p2pgen.bench.peers import DEPLOYMENTS, MISSING, settings_text
+from p2pgen.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, settings_text
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen.termprogress import TermProgress
 
@@ -282,7 +282,7 @@ def start_steploop_cluster(cluster: Cluster, policy: str, command: list[str], ad
                              *(RESTART_ALL_AGENT_ARGS if policy == "restart-all" else ()), *agent_args))
 
 
-def _one_fault(deployment: Any, tail: TraceTail, policy: str, kind: str, trial: int, checkpoint_every: int) -> Fault:
+def _one_fault(deployment: StepLoopDeployment, tail: TraceTail, policy: str, kind: str, trial: int, checkpoint_every: int) -> Fault:
     """Wait for mid-interval between two checkpoints (the mean rollback of a fault at a random time), inject, wait
     until the survivors are past the pre-fault revision, bring a killed host back, wait until 3 members train.
     A stopped application is never continued: its supervisor (p2pgen's agent, torchft's host) kills it after
@@ -326,7 +326,9 @@ def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
             "heal_s": min(healed) - fault.t if healed else None}
 
 
-def make_deployment(policy: str, plan: Plan, detect_timeout: float, workdir: Path, trace_dir: Path) -> Any:
+def make_deployment(policy: str, plan: Plan, detect_timeout: float, workdir: Path,
+                    trace_dir: Path) -> StepLoopDeployment:
+    """The processes of one step-loop block of `policy` (not started yet)."""
     if policy in ("p2pgen", "restart-all"):
         return P2PGenDeployment(policy, plan, detect_timeout, workdir, trace_dir)
     return DEPLOYMENTS[policy](workdir, trace_dir, plan.step_delay, plan.checkpoint_every, detect_timeout)
