@@ -488,13 +488,13 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
     results: dict[str, Any] = {}
     for section in sections:
         (workdir / section).mkdir()
-    peers, skipped = available_peers(plan.peers)
-    if "steploop" in sections:
-        results["steploop_skipped"] = skipped
-        for peer, why in skipped.items():
+    if "steploop" in sections:        # said before anything is measured
+        peers, results["steploop_skipped"] = available_peers(plan.peers)
+        for peer, why in results["steploop_skipped"].items():
             print(f"p2pgen bench recovery: step loop without {peer}: {why}", file=sys.stderr)
+        plan = replace(plan, peers=peers)
     steps = {"membership": lambda: run_membership(plan.trials, detect_timeout, workdir / "membership"),
-             "steploop": lambda: run_steploop(replace(plan, peers=peers), detect_timeout, workdir / "steploop"),
+             "steploop": lambda: run_steploop(plan, detect_timeout, workdir / "steploop"),
              "catchup": lambda: run_catchup(plan),
              "overhead": lambda: run_overhead(plan, detect_timeout, workdir / "overhead")}
     for done, section in enumerate(s for s in SECTIONS if s in sections):
