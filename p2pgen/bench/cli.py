@@ -64,8 +64,8 @@ def _plots_module(what: str):
 
 def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recovery", help="fault and join recovery on real agent processes (membership, step loop "
-                                        "beside torchft, torchrun and restart-all), catch-up vs raw TCP, per-step "
-                                        "overhead")
+                                        "beside torchft, torchrun and restart-all, heal with and without a warm "
+                                        "standby), catch-up vs raw TCP, per-step overhead")
     p.add_argument("--trials", type=int, help="membership trials per fault kind (default 4; --quick: 1)")
     p.add_argument("--steploop-trials", type=int, help="step-loop trials of the three faults, per peer and round "
                                                        "(default 1 x 2 rounds; --quick: 1 x 1 round)")
@@ -77,8 +77,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a short run of every section (a few minutes: the step loop "
                                                         "alone takes about 3 with every peer)")
     p.add_argument("--only", action="append", metavar="SECTION",
-                   choices=("membership", "steploop", "catchup", "overhead"),
-                   help="run only this section (repeatable): membership, steploop, catchup, overhead")
+                   choices=("membership", "steploop", "heal", "catchup", "overhead"),
+                   help="run only this section (repeatable): membership, steploop, heal, catchup, overhead")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")
     p.add_argument("--out", help="also write the JSON to this file")
     p.add_argument("--plot", metavar="FILE", help="also draw the step-loop table beside restart-all and the "

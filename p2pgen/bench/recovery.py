@@ -1,6 +1,6 @@
 """`p2pgen bench recovery`: what faults and joins cost, on real agent processes, beside baselines.
 
-Owns four sections, each reported as a table and under its own JSON key:
+Owns five sections, each reported as a table and under its own JSON key:
 1. membership (top-level keys, read by `p2pgen sim --recovery-json`): SIGKILL and SIGSTOP of a
    supervised `sleep` application, SIGKILL of the agent that is the Raft leader, a joiner becoming a
    member. Read from certificates (`activated_at` minus the wall time of the fault).
@@ -10,9 +10,13 @@ Owns four sections, each reported as a table and under its own JSON key:
    SIGKILL of an application, SIGSTOP of one, SIGKILL of a whole host (p2pgen: the leader's agent).
    Read from the applications' traces, one analysis for every peer (`analyze_fault`): fault -> next
    generation active, -> first commit of every survivor, -> every survivor past the pre-fault revision
-   (time lost), the steps rolled back, and -> the replacement process's first commit (heal).
-3. `catchup`: `p2pgen.bench.catchup.catchup_throughput` (pull vs raw loopback TCP, same run).
-4. `step_overhead`: `p2pgen.bench.apps.noop`: a step through `peer.steps()` vs a bare all-reduce, in
+   (time lost), the steps rolled back, and -> the replacement process's first commit (heal); for p2pgen,
+   where the time to the survivors' first commit goes (`p2pgen.bench.breakdown`). Every process of every
+   peer runs with OMP_NUM_THREADS=1 unless the caller set it (three applications share the machine).
+3. `heal`: `p2pgen.bench.heal.run_heal`: a torch application's heal (kill -> the replacement's first commit)
+   with and without a warm standby (`p2pgen join --standby 1`), beside torchft's heal from section 2.
+4. `catchup`: `p2pgen.bench.catchup.catchup_throughput` (pull vs raw loopback TCP, same run).
+5. `step_overhead`: `p2pgen.bench.apps.noop`: a step through `peer.steps()` vs a bare all-reduce, in
    one process and one generation.
 Invariant: every process a section starts is stopped by pid before the section returns (`Cluster`,
 `p2pgen.bench.peers.Deployment`); figures are wall-clock differences of timestamps taken on this machine,
@@ -33,12 +37,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from p2pgen.bench.breakdown import fault_phases, format_phases, summarize_phases
 from p2pgen.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, settings_text
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
-SECTIONS = ("membership", "steploop", "catchup", "overhead")
+SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead")
 STEPLOOP_PEERS = ("p2pgen", "torchft", "torchrun", "restart-all")
 FAULTS = ("sigkill_app", "sigstop_app", "kill_agent")
 PEERS = ("p0", "p1", "p2")
@@ -57,11 +62,13 @@ class Plan:
     catchup: tuple[tuple[int, int], ...] = CATCHUP_RUNS
     overhead_steps: int = 200        # steps per block
     overhead_blocks: int = 6
+    heal_rounds: int = 2             # rounds of one block per mode (standby, plain; ABBA) ...
+    heal_kills: int = 3              # ... with this many application kills each
 
     @classmethod
     def quick(cls) -> "Plan":
         return cls(trials=1, steploop_rounds=1, steploop_trials=1, catchup=((64 << 20, 1),),
-                   overhead_steps=50, overhead_blocks=4)
+                   overhead_steps=50, overhead_blocks=4, heal_rounds=1, heal_kills=2)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -177,9 +184,10 @@ class Fault:
 
 
 class TraceTail:
-    """The start/certificate/commit events of every trace file in a directory, read incrementally."""
+    """The events of every trace file in a directory that the analysis reads, read incrementally."""
 
-    KEPT = (b'"event": "commit"', b'"event": "certificate"', b'"event": "start"')
+    KEPT = (b'"event": "commit"', b'"event": "certificate"', b'"event": "start"', b'"event": "retire"',
+            b'"event": "ready"', b'"event": "active"', b'"event": "connected"')
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -323,7 +331,8 @@ def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
     return {**asdict(fault), "revision_at_fault": r_fault, "to_active_s": cert["activated_at"] - fault.t,
             "to_first_commit_s": max(e["t"] for e in first) - fault.t, "to_regain_s": until - fault.t,
             "rollback_steps": r_fault - (min(e["revision"] for e in first) - 1), "processes_started": len(started),
-            "heal_s": min(healed) - fault.t if healed else None}
+            "heal_s": min(healed) - fault.t if healed else None,
+            "phases": fault_phases(events, survivors, fault.t) if fault.policy == "p2pgen" else None}
 
 
 def make_deployment(policy: str, plan: Plan, detect_timeout: float, workdir: Path,
@@ -391,6 +400,21 @@ def summarize_steploop(records: list[dict[str, Any]]) -> dict[str, dict[str, dic
     return out
 
 
+def summarize_breakdown(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """fault kind -> p2pgen's phases (p50, max, share) of the time to the survivors' first commit."""
+    return {kind: summary for kind in FAULTS
+            if (summary := summarize_phases([r["phases"] for r in records
+                                             if r["policy"] == "p2pgen" and r["kind"] == kind and r.get("phases")]))}
+
+
+def format_breakdown(breakdown: dict[str, dict[str, dict[str, float]]]) -> str:
+    lines = ["where p2pgen's time goes, fault -> first commit of every survivor (the survivor that committed last; "
+             "each phase from the end of the previous one, see p2pgen.bench.breakdown)"]
+    for kind, summary in breakdown.items():
+        lines += format_phases(kind, summary)
+    return "\n".join(lines)
+
+
 def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float,
                     skipped: dict[str, str] | None = None) -> str:
     peers = [p for p in STEPLOOP_PEERS if p in summary]
@@ -416,10 +440,33 @@ def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float,
         f"and torchrun the agent and worker of rank 0; the host comes back once the survivors are past the "
         f"pre-fault step. p2pgen detector: fixed {detect_timeout} s. p99 of n samples is the max when n < 100",
         *settings_text(detect_timeout),
+        f"every process of every peer: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} (three "
+        "applications share this machine; torchrun and `p2pgen join --local` set the same default)",
         *(f"{p}: skipped: {why}" for p, why in (skipped or {}).items())])
 
 
-# --- 3. catch-up throughput ----------------------------------------------------------------------------
+# --- 3. heal, with and without a warm standby -----------------------------------------------------------
+
+def run_heal_section(plan: Plan, workdir: Path) -> dict[str, Any]:
+    from p2pgen.bench.heal import run_heal
+
+    return run_heal(plan.heal_rounds, plan.heal_kills, plan.step_delay, workdir)
+
+
+def format_heal_section(heal: dict[str, Any], steploop: list[dict[str, Any]] | None) -> str:
+    from p2pgen.bench.heal import format_heal
+
+    lines = [format_heal(heal)]
+    torchft = [r["heal_s"] for r in steploop or [] if r["policy"] == "torchft" and r["kind"] == "sigkill_app"
+               and r.get("heal_s") is not None]
+    if torchft:
+        s = summarize(torchft)
+        lines.append(f"torchft, same run (step loop: a torch process healed from a peer): heal p50 {s['p50']:.3f} s, "
+                     f"max {s['max']:.3f} s, n={s['n']}")
+    return "\n".join(lines)
+
+
+# --- 4. catch-up throughput ----------------------------------------------------------------------------
 
 def run_catchup(plan: Plan) -> list[dict[str, Any]]:
     from p2pgen.bench.catchup import catchup_throughput
@@ -436,7 +483,7 @@ def format_catchup(rows: list[dict[str, Any]]) -> str:
                                       "run; pull includes handshake, manifest, checksums and the final digest"])
 
 
-# --- 4. per-step overhead, no faults --------------------------------------------------------------------
+# --- 5. per-step overhead, no faults --------------------------------------------------------------------
 
 def run_overhead(plan: Plan, detect_timeout: float, workdir: Path) -> dict[str, Any]:
     """Two members run the no-op app to completion; rank 0's per-block seconds become microseconds per step."""
@@ -488,6 +535,8 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
     results: dict[str, Any] = {}
     for section in sections:
         (workdir / section).mkdir()
+    if {"steploop", "heal"} & set(sections) and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"     # every peer's processes inherit it: 3 applications on this machine
     if "steploop" in sections:        # said before anything is measured
         peers, results["steploop_skipped"] = available_peers(plan.peers)
         for peer, why in results["steploop_skipped"].items():
@@ -495,6 +544,7 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
         plan = replace(plan, peers=peers)
     steps = {"membership": lambda: run_membership(plan.trials, detect_timeout, workdir / "membership"),
              "steploop": lambda: run_steploop(plan, detect_timeout, workdir / "steploop"),
+             "heal": lambda: run_heal_section(plan, workdir / "heal"),
              "catchup": lambda: run_catchup(plan),
              "overhead": lambda: run_overhead(plan, detect_timeout, workdir / "overhead")}
     for done, section in enumerate(s for s in SECTIONS if s in sections):
@@ -515,7 +565,11 @@ def to_json(results: dict[str, Any], detect_timeout: float, plan: Plan) -> str:
     if "steploop" in results:
         out["steploop"] = {"step_delay_s": plan.step_delay, "checkpoint_every": plan.checkpoint_every,
                            "summary": summarize_steploop(results["steploop"]), "faults": results["steploop"],
+                           "breakdown": summarize_breakdown(results["steploop"]),
+                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                            "skipped": results.get("steploop_skipped", {}), "settings": settings_text(detect_timeout)}
+    if "heal" in results:
+        out["heal"] = results["heal"]
     if "catchup" in results:
         out["catchup"] = results["catchup"]
     if "overhead" in results:
@@ -530,6 +584,11 @@ def format_text(results: dict[str, Any], detect_timeout: float, plan: Plan) -> s
     if "steploop" in results:
         parts.append(format_steploop(summarize_steploop(results["steploop"]), plan, detect_timeout,
                                      results.get("steploop_skipped")))
+        breakdown = summarize_breakdown(results["steploop"])
+        if breakdown:
+            parts.append(format_breakdown(breakdown))
+    if "heal" in results:
+        parts.append(format_heal_section(results["heal"], results.get("steploop")))
     if "catchup" in results:
         parts.append(format_catchup(results["catchup"]))
     if "overhead" in results:

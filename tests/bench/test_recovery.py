@@ -94,6 +94,34 @@ def test_the_table_has_a_column_per_peer_and_prints_every_peers_settings():
     assert "restart-all: skipped: not asked for" in text
 
 
+def test_a_p2pgen_fault_is_split_into_phases_that_add_up_to_its_first_commit():
+    t = 10.0
+    split = [{"event": "retire", "peer": p, "incarnation": 1, "generation": 2, "t": t + 0.02} for p in ("p0", "p2")]
+    split += [{"event": "ready", "peer": p, "incarnation": 1, "generation": 3, "sent": t + 0.03, "t": t + 0.04}
+              for p in ("p0", "p2")]
+    split += [{"event": kind, "peer": p, "incarnation": 1, "generation": 3, "t": t + at}
+              for p in ("p0", "p2") for kind, at in (("active", 0.05), ("connected", 0.06))]
+    events = sorted(P2PGEN + split, key=lambda e: e["t"])
+    got = recovery.analyze_fault(events, recovery.Fault("p2pgen", "sigkill_app", "p1", t))
+    assert got["phases"] is not None and sum(got["phases"].values()) == pytest.approx(got["to_first_commit_s"])
+    assert got["phases"]["first_step"] == pytest.approx(1.0 - 0.06)
+    assert recovery.analyze_fault(events, recovery.Fault("torchft", "sigkill_app", "p1", t))["phases"] is None
+    breakdown = recovery.summarize_breakdown([got, {**got, "policy": "torchft"}])
+    assert list(breakdown) == ["sigkill_app"] and breakdown["sigkill_app"]["detect"]["n"] == 1
+    assert "vote_commit" in recovery.format_breakdown(breakdown)
+
+
+def test_the_heal_section_prints_torchfts_heal_from_the_same_run_beside_the_standby_table():
+    heal = {"modes": {m: {"heal": {"n": 1, "p50": 0.1, "max": 0.1}, "phases": dict.fromkeys(
+        ("retire", "launch", "start+imports", "attach", "register", "vote", "pull", "activate", "first commit"), 0.0),
+        "standby_used": 1} for m in ("standby", "plain")}, "target_s": 0.5, "step_delay": 0.02}
+    torchft = {**recovery.analyze_fault(P2PGEN, recovery.Fault("p2pgen", "sigkill_app", "p1", 10.0)),
+               "policy": "torchft"}
+    text = recovery.format_heal_section(heal, [torchft])
+    assert "--standby 1" in text and "torchft, same run" in text and "heal p50 2.000 s" in text
+    assert "torchft" not in recovery.format_heal_section(heal, None)
+
+
 def test_a_peer_that_is_not_installed_is_skipped_with_its_reason(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torchft", None)           # import torchft raises ImportError
     peers, skipped = recovery.available_peers(("p2pgen", "torchft"))
