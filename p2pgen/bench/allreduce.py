@@ -1,10 +1,12 @@
 """all_reduce benchmark: p2pgen's tcp backend and torch gloo, same machine, same run, one after the other.
 
 Each backend runs `world` processes on loopback; both groups are started up front and take turns: for
-every size, `rounds` rounds of (p2pgen, gloo), each round `iters` timed calls after a warm-up. A round's
-time is the slowest rank's mean; a size's time is the median over its rounds. Interleaving at that grain
+every size, `rounds` rounds of (p2pgen, gloo) (which one goes first alternates), each round `iters` timed
+calls after a warm-up. A round's time is the slowest rank's mean; a size's time is the median over its
+rounds, and the table adds the min..max over the rounds of each round's ratio. Interleaving at that grain
 exposes both backends to the same background load on a shared machine, which a run of one backend after
-the other does not. As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
+the other does not; 11 rounds by default, because with 3 the median ratio at 64 MiB moved by 0.2 or more
+between runs on a shared 2-core machine. As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
 (what each link carries in a ring all-reduce).
 """
 
@@ -28,6 +30,8 @@ class Row:
     count: int
     p2pgen_s: float
     gloo_s: float | None
+    ratio_min: float | None = None     # min and max over the rounds of that round's gloo time / p2pgen time
+    ratio_max: float | None = None
 
 
 def parse_size(text: str) -> int:
@@ -44,7 +48,7 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True, rounds: int = 3) -> list[Row]:
+        gloo: bool = True, rounds: int = 11) -> list[Row]:
     plan = [(s, iters or iterations(s)) for s in sizes]
     groups = {"p2pgen": _Group(world, "p2pgen", chunk_bytes)}
     try:
@@ -52,14 +56,22 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
             groups["gloo"] = _Group(world, "gloo", chunk_bytes)
         times: dict[str, list[list[float]]] = {name: [[] for _ in plan] for name in groups}
         for i, (size, n) in enumerate(plan):
-            for _ in range(rounds):
-                for name, group in groups.items():
-                    times[name][i].append(group.time(size, n))
+            for k in range(rounds):
+                names = list(groups) if k % 2 == 0 else list(groups)[::-1]    # who goes first alternates
+                for name in names:
+                    times[name][i].append(groups[name].time(size, n))
     finally:
         for group in groups.values():
             group.close()
     med = {name: [statistics.median(t) for t in ts] for name, ts in times.items()}
-    return [Row(s, s // 4, med["p2pgen"][i], med["gloo"][i] if gloo else None) for i, (s, _) in enumerate(plan)]
+    rows = []
+    for i, (s, _) in enumerate(plan):
+        row = Row(s, s // 4, med["p2pgen"][i], med["gloo"][i] if gloo else None)
+        if gloo:
+            ratios = [g / p for p, g in zip(times["p2pgen"][i], times["gloo"][i])]
+            row.ratio_min, row.ratio_max = min(ratios), max(ratios)
+        rows.append(row)
+    return rows
 
 
 def busbw(world: int, size: int, seconds: float) -> float:
@@ -70,12 +82,14 @@ def format_table(world: int, rows: list[Row]) -> str:
     head = (f"# all_reduce sum float32, world {world} on 127.0.0.1, {os.cpu_count()} CPUs\n"
             f"# {'':>24}{'p2pgen tcp':^36}{'torch gloo':^36}\n"
             f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} " * 2
-            + f"{'busbw ratio':>11}")
+            + f"{'busbw ratio':>11} {'per round':>11}")
     lines = [head]
     for r in rows:
         cells = [f"{r.size:>14} {r.count:>10} ", _cells(world, r.size, r.p2pgen_s)]
         cells.append(_cells(world, r.size, r.gloo_s))
         cells.append(f"{r.gloo_s / r.p2pgen_s:>11.2f}" if r.gloo_s else f"{'-':>11}")
+        spread = f"{r.ratio_min:.2f}..{r.ratio_max:.2f}" if r.ratio_min is not None else "-"
+        cells.append(f" {spread:>11}")
         lines.append("".join(cells))
     return "\n".join(lines)
 

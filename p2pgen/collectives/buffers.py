@@ -82,7 +82,7 @@ def _torch_view(t: Any, what: str) -> tuple[np.ndarray, str]:
 
 
 def combine(op: ReduceOp, bf16: bool, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """out = op(a, b), element-wise; `out` may alias `a`. The caller checked that op takes the dtype."""
+    """out = op(a, b), element-wise; `out` may be `a` or `b` (exactly). The caller checked that op takes the dtype."""
     if not bf16:
         _NP_KERNELS[op](a, b, out=out)
         return

@@ -55,7 +55,7 @@ class TcpBackend:
         self._chunk_bytes = transport.config.chunk_bytes
         buf = transport.config.socket_buffer_bytes
         self._inline_bytes = min(256 << 10, buf // 4) if buf else 64 << 10
-        self._scratch = np.empty(self._chunk_bytes, np.uint8)
+        self._scratch = [np.empty(self._chunk_bytes, np.uint8) for _ in range(_SCRATCH_SLOTS)]
         self._join(tuple(range(group.world)), group.rank, seq_tag=0)
 
     def _join(self, members: tuple[int, ...], rank: int, seq_tag: int) -> None:
@@ -317,15 +317,30 @@ class TcpBackend:
     # ---- ring algorithms -----------------------------------------------------------------------
     def _reduce_scatter(self, pipe: "_Pipe", op: ReduceOp, flat: Flat, src: np.ndarray, work: np.ndarray,
                         bounds: list[tuple[int, int]], gather: bool) -> None:
-        """After N-1 steps rank r holds the reduction of chunk r in `work` (forwarded on if `gather`)."""
+        """After N-1 steps rank r holds the reduction of chunk r in `work` (forwarded on if `gather`).
+
+        A partial reduction that is only forwarded (every step but the last) is computed in place in the
+        receive slot it arrived in, still in cache, and sent from there. Slots rotate; a slot whose frame
+        the sender thread has not sent yet is not waited for (a ring of members each waiting for its own
+        sender would deadlock): that frame is reduced into `work` and sent from there instead, as the final
+        reduction of chunk r always is, from a spare slot that is never sent from (`work` may be `src`)."""
         n, r, seg = self.world, self.rank, self._seg(flat)
-        scratch = self._scratch[:seg * src.itemsize].view(src.dtype)
+        spare, *slots = (s[:seg * src.itemsize].view(src.dtype) for s in self._scratch)
+        tickets = [0] * len(slots)
+        k = 0
         for a, b in _segments(*bounds[(r - 1) % n], seg):
             pipe.send(src[a:b])
         for step in range(n - 1):
             last = step == n - 2
             for a, b in _segments(*bounds[(r - step - 2) % n], seg):
-                got = scratch[:b - a]
+                if not last and pipe.is_sent(tickets[k]):
+                    got = slots[k][:b - a]
+                    pipe.recv(got)
+                    combine(op, flat.bf16, got, src[a:b], got)
+                    tickets[k] = pipe.send(got)
+                    k = (k + 1) % len(slots)
+                    continue
+                got = spare[:b - a]
                 pipe.recv(got)
                 combine(op, flat.bf16, work[a:b], src[a:b], got)
                 if last and op is ReduceOp.AVG:
@@ -447,9 +462,14 @@ class _Pipe:
         self.sent = 0
         self.received = 0
 
-    def send(self, arr: np.ndarray, digest: int | None = None) -> None:
-        self.dst.post(self.kind, self.seq, self.sent, arr.view(np.uint8), self.inline, digest)
+    def send(self, arr: np.ndarray, digest: int | None = None) -> int:
+        """Post `arr` as the next frame; returns its ticket (see `Connection.is_sent`)."""
+        ticket = self.dst.post(self.kind, self.seq, self.sent, arr.view(np.uint8), self.inline, digest)
         self.sent += 1
+        return ticket
+
+    def is_sent(self, ticket: int) -> bool:
+        return self.dst.is_sent(ticket)
 
     def recv(self, arr: np.ndarray) -> int:
         """Fill `arr` with the next frame; returns its verified payload digest."""
@@ -463,6 +483,9 @@ class _Pipe:
     def flush(self) -> None:
         if self.dst is not None and not self.inline:
             self.dst.flush()
+
+
+_SCRATCH_SLOTS = 5       # receive slots of a reduce-scatter: one spare, four it rotates through (see `_reduce_scatter`)
 
 
 def _starts(counts: list[int]) -> list[int]:

@@ -86,6 +86,8 @@ class Connection:
         self._hdr = bytearray(frame.HEADER_BYTES)
         self._discard = bytearray(min(_DISCARD_BYTES, max_frame_bytes))
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._posted = 0               # frames posted, and frames the sender thread is done with (handed to
+        self._sent = 0                 # the kernel, or skipped after a send error), in post order
         self._send_error: Exception | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -103,24 +105,36 @@ class Connection:
 
     # ---- sending -------------------------------------------------------------------------------
     def post(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray, inline: bool = False,
-             digest: int | None = None) -> None:
-        """Send one frame: queued for the sender thread, or (`inline`) on the caller's thread.
+             digest: int | None = None) -> int:
+        """Send one frame: queued for the sender thread, or (`inline`) on the caller's thread. Returns the
+        frame's ticket: once `is_sent(ticket)`, the payload may change.
 
         The frame is stamped and checksummed here; `digest` (only the one `recv_into` returned for exactly
         these bytes, or None to hash them now) spares a second pass over forwarded bytes. A queued
-        `payload` (uint8, contiguous) must stay unchanged until `flush()` returns. Send inline only while
-        nothing is queued and the bytes in flight fit the socket buffers, or a ring deadlocks.
+        `payload` (uint8, contiguous) must stay unchanged until `is_sent(ticket)` or `flush()` returned.
+        Send inline only while nothing is queued and the bytes in flight fit the socket buffers, or a ring
+        deadlocks.
         """
         header = frame.pack_header(kind, self._tag, self.generation, self._my_inc, op_seq, chunk, payload,
                                    digest)
+        self._posted += 1
+        ticket = self._posted
         if not inline:
             self._queue.put((header, payload))
         else:
             if self._send_error is None:
                 self._send_one(header, payload)
+            self._sent += 1
             if self._send_error is not None:
                 raise self._send_error
         hooks.frame_moved(hooks.COLLECTIVE, "posted", kind, op_seq, chunk, payload.nbytes, self.peer)
+        return ticket
+
+    def is_sent(self, ticket: int) -> bool:
+        """Whether the sender thread is done with frame `ticket` (and every frame posted before it), so its
+        payload buffer may change. Never blocks: a caller that waited here for its own sender could close a
+        ring of members each waiting for the next to receive."""
+        return self._sent >= ticket
 
     def flush(self) -> None:
         """Wait until every posted frame was handed to the kernel; raises the send error, if any."""
@@ -137,8 +151,10 @@ class Connection:
                 return
             if isinstance(item, threading.Event):
                 item.set()
-            elif self._send_error is None:
+                continue
+            if self._send_error is None:
                 self._send_one(*item)
+            self._sent += 1          # only this thread writes it once the connection is in use
 
     def _send_one(self, header: bytes, payload: np.ndarray) -> None:
         try:
@@ -217,16 +233,19 @@ class Connection:
         return h
 
     def _read_payload(self, h: frame.Header, dest: memoryview | None) -> int:
-        """Read the payload (into dest, or discarded) and return its digest, hashed piece by piece as each
-        piece lands (still in cache)."""
-        hasher = xxhash.xxh3_64()
+        """Read the payload (into dest, or discarded) and return its digest. The whole frame is read with
+        one MSG_WAITALL receive (one wake-up, not one per skb) and hashed in one pass right after it
+        landed: a frame is at most a few MiB, so it is still in cache (measured: cheaper than hashing
+        each piece as it arrives, which also cost a Python call per piece)."""
         if dest is not None:
-            self._read_exact(dest, hasher=hasher)
-            return hasher.intdigest()
+            self._read_exact(dest)
+            return xxhash.xxh3_64_intdigest(dest)
+        hasher = xxhash.xxh3_64()
         left = h.length
         while left:
             piece = memoryview(self._discard)[:min(left, len(self._discard))]
-            self._read_exact(piece, hasher=hasher)
+            self._read_exact(piece)
+            hasher.update(piece)
             left -= len(piece)
         return hasher.intdigest()
 
@@ -236,11 +255,11 @@ class Connection:
         if h.job_tag != self._tag:
             self._fatal("malformed", "frame of another job")
 
-    def _read_exact(self, view: memoryview, start_of_frame: bool = False, hasher=None) -> None:
+    def _read_exact(self, view: memoryview, start_of_frame: bool = False) -> None:
         got, n = 0, len(view)
         while got < n:
             try:
-                k = self.sock.recv_into(view[got:], n - got)
+                k = self.sock.recv_into(view[got:] if got else view, n - got, socket.MSG_WAITALL)
             except OSError as e:
                 raise PeerLost(f"receiving from {self._who()} failed: {e!r}") from e
             if k == 0:
@@ -250,8 +269,6 @@ class Connection:
                 log.warning("%s: truncated frame (%d of %d bytes), closing", self._who(), got, n)
                 self.shutdown()
                 raise PeerLost(f"{self._who()} closed the connection in the middle of a frame (truncated)")
-            if hasher is not None:
-                hasher.update(view[got:got + k])
             got += k
 
     def _drop(self, reason: str, detail: str) -> None:

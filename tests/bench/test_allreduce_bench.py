@@ -25,9 +25,9 @@ def test_busbw_follows_nccl_tests():
 
 
 def test_table_has_both_backends_and_the_ratio():
-    table = allreduce.format_table(4, [allreduce.Row(4096, 1024, 0.001, 0.002)])
-    assert "p2pgen tcp" in table and "torch gloo" in table and "busbw ratio" in table
-    assert table.splitlines()[-1].split()[-1] == "2.00"
+    table = allreduce.format_table(4, [allreduce.Row(4096, 1024, 0.001, 0.002, 1.5, 2.5)])
+    assert "p2pgen tcp" in table and "torch gloo" in table and "busbw ratio" in table and "per round" in table
+    assert table.splitlines()[-1].split()[-2:] == ["2.00", "1.50..2.50"]
 
 
 @pytest.mark.timeout(90)
@@ -37,3 +37,4 @@ def test_cli_runs_a_tiny_benchmark_against_gloo(capsys):
     doc = json.loads(capsys.readouterr().out)
     (row,) = doc["rows"]
     assert row["size"] == 4096 and row["p2pgen_s"] > 0 and row["gloo_s"] > 0
+    assert 0 < row["ratio_min"] <= row["ratio_max"]
