@@ -314,21 +314,30 @@ def _one_fault(deployment: StepLoopDeployment, tail: TraceTail, policy: str, kin
 
 def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
     """The figures of one fault, from the traces of every process of the run (see the module docstring).
-    heal_s: fault -> first commit of a process of the victim started after the fault (None if none did)."""
+    heal_s: fault -> first commit of a process of the victim started after the fault (None if none did).
+    A survivor's first commit is its first in a later generation than the one running at the fault; when a
+    survivor has none, the fault did not reach the survivors' generation (torchft: its quorum had already left
+    the victim out), and its commits after the fault in any generation count (`note` says so)."""
     commits = _commits(events)
     g_before = max(e["generation"] for e in commits if e["t"] <= fault.t)
     r_fault = max(e["revision"] for e in commits if e["generation"] <= g_before)
     survivors = [p for p in PEERS if p != fault.victim]
     after = sorted((e for e in commits if e["generation"] > g_before and e["t"] > fault.t), key=lambda e: e["t"])
+    note = None
+    if not set(survivors) <= {e["peer"] for e in after if e["revision"] > r_fault}:
+        note = f"the survivors went on in generation {g_before}: the fault did not change it"
+        r_fault = max(e["revision"] for e in commits if e["t"] <= fault.t)
+        after = sorted((e for e in commits if e["t"] > fault.t and e["peer"] in survivors), key=lambda e: e["t"])
     first = [next(e for e in after if e["peer"] == p) for p in survivors]
     regained = [next(e for e in after if e["peer"] == p and e["revision"] > r_fault) for p in survivors]
     cert = min((e for e in events if e["event"] == "certificate" and e["generation"] > g_before),
-               key=lambda e: e["generation"])
+               key=lambda e: e["generation"], default=None)
     until = max(e["t"] for e in regained)
     started = {(e["peer"], e["incarnation"]) for e in events if e["event"] == "start" and fault.t < e["t"] <= until}
     new = {e["incarnation"] for e in events if e["event"] == "start" and e["peer"] == fault.victim and e["t"] > fault.t}
     healed = [e["t"] for e in commits if e["peer"] == fault.victim and e["incarnation"] in new and e["t"] > fault.t]
-    return {**asdict(fault), "revision_at_fault": r_fault, "to_active_s": cert["activated_at"] - fault.t,
+    return {**asdict(fault), "revision_at_fault": r_fault, "note": note,
+            "to_active_s": cert["activated_at"] - fault.t if cert is not None and note is None else None,
             "to_first_commit_s": max(e["t"] for e in first) - fault.t, "to_regain_s": until - fault.t,
             "rollback_steps": r_fault - (min(e["revision"] for e in first) - 1), "processes_started": len(started),
             "heal_s": min(healed) - fault.t if healed else None,

@@ -94,6 +94,14 @@ def test_the_table_has_a_column_per_peer_and_prints_every_peers_settings():
     assert "restart-all: skipped: not asked for" in text
 
 
+def test_a_fault_that_left_the_survivors_generation_alone_is_measured_in_it_and_said_so():
+    """torchft: the victim had already dropped out of the quorum, so the survivors commit on in quorum 2."""
+    same = [*(commit(p, 1, 2, r, 9.0 + (r - 9) * 0.5) for p in ("p0", "p2") for r in (9, 10, 11, 12))]
+    got = recovery.analyze_fault(same, recovery.Fault("torchft", "sigkill_app", "p1", 10.2))
+    assert "did not change it" in got["note"] and got["to_active_s"] is None
+    assert got["to_first_commit_s"] == pytest.approx(0.3) and got["rollback_steps"] == 0
+
+
 def test_a_p2pgen_fault_is_split_into_phases_that_add_up_to_its_first_commit():
     t = 10.0
     split = [{"event": "retire", "peer": p, "incarnation": 1, "generation": 2, "t": t + 0.02} for p in ("p0", "p2")]
