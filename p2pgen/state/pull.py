@@ -12,8 +12,12 @@ Contract and invariants:
 - A user tensor is written only once all of its bytes arrived in a staging buffer and hash to the
   manifest's digest; then it is copied in place, so optimizer references stay valid. Objects and
   revision are applied last, once every tensor is in.
-- `pull_state` returns only when `state.digest()`, recomputed, equals the frontier digest; otherwise it
-  raises StateSyncError (or DigestMismatch) saying which source failed and why.
+- `pull_state` returns only when the state's manifest digest equals the frontier digest; otherwise it
+  raises StateSyncError (or DigestMismatch) saying which source failed and why. That digest is what
+  `state.digest()` would compute, built without hashing the whole state once more: a fetched tensor is
+  hashed from its own memory as its verified bytes are copied in (block by block, in cache), a skipped
+  one was hashed at the start, and the objects are hashed at the end. Each tensor's staging digest is
+  fed chunk by chunk, in order, as chunks land (still in cache), not in one pass over the whole tensor.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -35,7 +39,7 @@ from p2pgen.core.model import Frontier
 from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.state import tensors as tz
 from p2pgen.state import wire
-from p2pgen.state.shared import Manifest, SharedState, tensor_digest
+from p2pgen.state.shared import Manifest, SharedState, manifest_digest, tensor_hasher
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 from p2pgen.transport import handshake
 
@@ -107,6 +111,11 @@ class _Plan:
     staging: dict[int, np.ndarray] = field(default_factory=dict)
     pool: list[np.ndarray] = field(default_factory=list)        # staging buffers of installed tensors, for reuse
     objects_raw: bytes | None = None
+    hashers: dict[int, Any] = field(default_factory=dict)       # tensor index -> running digest of its staging
+    hashed: dict[int, int] = field(default_factory=dict)        # tensor index -> chunks hashed (in order) so far
+    landed: dict[int, set] = field(default_factory=dict)        # tensor index -> chunks arrived, not hashed yet
+    hashing: set = field(default_factory=set)                   # tensors a worker is hashing right now
+    installed: dict[str, str] = field(default_factory=dict)     # name -> digest of the user tensor's new bytes
 
 
 class _Pull:
@@ -117,7 +126,7 @@ class _Pull:
         self.key = auth.derive_key(secret, job, wire.KEY_PURPOSE)
         self.counters = wire.Counters()
         self.cond = threading.Condition()
-        self.local = state.tensor_digests()
+        self.local = state.tensor_digests(threads=_DIGEST_THREADS)
         self.plan: _Plan | None = None
         self.queue: collections.deque = collections.deque()
         self.in_flight = 0
@@ -147,7 +156,7 @@ class _Pull:
         if self.fatal is not None:
             raise self.fatal
         if self.plan is None or self.queue or any(self.plan.remaining.values()) or (
-                self.plan.objects and self.plan.objects_raw is None):
+                self.plan.objects and self.plan.objects_raw is None) or len(self.plan.installed) != len(self.plan.fetch):
             detail = "; ".join(f"{p}: {type(e).__name__}: {e}" for p, e in self.failures.items())
             err = StateSyncError(f"could not pull frontier {self.frontier.digest} (revision "
                                  f"{self.frontier.revision}) for generation {self.generation}: every source "
@@ -160,7 +169,7 @@ class _Pull:
         if plan.objects:
             self.state.load_objects(plan.objects_raw)
         self.state.revision = plan.manifest.revision
-        digest = self.state.digest()
+        digest = self._final_digest()
         if digest != self.frontier.digest:
             self.counters.add("digest_mismatch")
             raise DigestMismatch(f"after pulling, the state digest is {digest}, not the frontier's "
@@ -170,6 +179,14 @@ class _Pull:
                           tuple(names[t] for t in plan.fetch), plan.skipped, plan.objects, seconds,
                           self.resumed, {p: f"{type(e).__name__}: {e}" for p, e in self.failures.items()},
                           self.counters.snapshot())
+
+    def _final_digest(self) -> str:
+        """The state's manifest digest after the pull, as `state.digest()` would compute it, without hashing
+        every tensor once more: a fetched tensor's digest was computed from its own memory right after the
+        verified bytes were copied in (`_install`, block by block while they were in cache), a skipped one's
+        at the start (nobody touches the state during a pull); the objects are hashed now."""
+        digests = {name: self.plan.installed.get(name, self.local[name]) for name in self.local}
+        return manifest_digest(digests, self.state.objects_digest()[0])
 
     # ---- one worker per source -----------------------------------------------------------------
     def _worker(self, source: Source) -> None:
@@ -238,6 +255,8 @@ class _Pull:
         for t in fetch:
             n = wire.chunk_count(manifest.entries[t].nbytes, cb)
             plan.remaining[t] = n
+            e = manifest.entries[t]
+            plan.hashers[t], plan.hashed[t], plan.landed[t] = tensor_hasher(e.dtype, e.shape), 0, set()
             self.queue.append((t, 0, n))
         if objects:
             self.queue.append(("objects",))
@@ -322,7 +341,7 @@ class _Pull:
             view = memoryview(buf)[c * cb:(c + 1) * cb]
             rx.recv(wire.CHUNK, t, c, view)
             done[0] += 1
-            self._chunk_arrived(t, source, len(view))
+            self._chunk_arrived(t, c, source, len(view))
 
     def _staging(self, t: int) -> np.ndarray:
         """Tensor t's staging buffer: a pooled one when one is large enough (fresh pages cost a fault each,
@@ -339,28 +358,58 @@ class _Pull:
                 buf = self.plan.staging[t] = base[:n]
             return buf
 
-    def _chunk_arrived(self, t: int, source: Source, nbytes: int) -> None:
+    def _chunk_arrived(self, t: int, c: int, source: Source, nbytes: int) -> None:
+        """Chunk c of tensor t verified into staging: count it, and feed the tensor's running digest with
+        every chunk now in order (this one first, still in cache). One worker at a time hashes a tensor; the
+        one that hashes its last chunk installs it."""
         with self.cond:
             self.bytes_by_source[source.peer_id] = self.bytes_by_source.get(source.peer_id, 0) + nbytes
             self.plan.remaining[t] -= 1
-            complete = self.plan.remaining[t] == 0
+            self.plan.landed[t].add(c)
             if self.bar is not None:
                 self.bar.update(nbytes)
-        if complete:
-            self._install(t)
+            mine = t not in self.plan.hashing
+            if mine:
+                self.plan.hashing.add(t)
+        if mine:
+            self._hash_in_order(t)
         if self.on_chunk is not None:
             self.on_chunk(source, nbytes)
 
+    def _hash_in_order(self, t: int) -> None:
+        plan, cb = self.plan, self.config.chunk_bytes
+        n = wire.chunk_count(plan.manifest.entries[t].nbytes, cb)
+        while True:
+            with self.cond:
+                nxt = plan.hashed[t]
+                if nxt not in plan.landed[t]:
+                    plan.hashing.discard(t)
+                    complete = nxt == n
+                    break
+                plan.landed[t].discard(nxt)
+                buf = plan.staging[t]
+            plan.hashers[t].update(buf[nxt * cb:(nxt + 1) * cb])
+            with self.cond:
+                plan.hashed[t] = nxt + 1
+        if complete:
+            self._install(t)
+
     def _install(self, t: int) -> None:
-        """Verify the whole tensor in staging, then copy it in place into the user's tensor."""
+        """The whole tensor is in staging and hashed: if it matches the manifest, copy it in place into the
+        user's tensor, hashing the user tensor's bytes block by block right after each block landed."""
         entry = self.plan.manifest.entries[t]
         with self.cond:
             data = self.plan.staging.pop(t)
-        if tensor_digest(entry.dtype, entry.shape, data) != entry.digest:
+            digest = self.plan.hashers.pop(t).hexdigest()
+        if digest != entry.digest:
             self._mismatch(f"tensor {entry.name!r} does not hash to its manifest digest {entry.digest}; "
                            "it was left untouched")
-        self.state.load_tensor(entry.name, data)
+        installed = _copy_in_and_hash(self.state, entry, data)
+        if installed != entry.digest:
+            self._mismatch(f"tensor {entry.name!r} hashes to {installed} after its verified bytes were copied in, "
+                           f"not {entry.digest}: was the state modified during the pull?")
         with self.cond:
+            self.plan.installed[entry.name] = installed
             self.plan.pool.append(data.base if data.base is not None else data)
 
     def _mismatch(self, detail: str):
@@ -370,3 +419,41 @@ class _Pull:
             self.fatal = self.fatal or err
             self.cond.notify_all()
         raise err
+
+
+_DIGEST_THREADS = 2            # threads hashing the puller's own tensors before the plan (xxhash releases the GIL)
+_INSTALL_BLOCK = 1 << 20       # bytes copied into a user tensor, then hashed there, at a time (fits in L2)
+
+
+def _copy_in_and_hash(state: SharedState, entry, data: np.ndarray) -> str:
+    """Copy the verified bytes `data` in place into tensor `entry.name` (so references held elsewhere stay
+    valid) and return the digest of the tensor's own bytes afterwards, hashed block by block right after
+    each block was written. A tensor with no writable flat byte view (non-contiguous, CUDA) is written by
+    `load_tensor` and hashed afterwards."""
+    value = state.tensors[entry.name]
+    state.touch(entry.name)
+    h = tensor_hasher(entry.dtype, entry.shape)
+    if tz.is_torch(value):
+        torch = sys.modules["torch"]
+        if value.device.type != "cpu" or not value.is_contiguous():
+            state.load_tensor(entry.name, data)
+            h.update(tz.host_bytes(value))
+            return h.hexdigest()
+        dst_t = value.detach().reshape(-1).view(torch.uint8)    # shares the version counter: copy_ bumps it
+        dst, src_t = dst_t.numpy(), torch.from_numpy(data)
+        for a in range(0, len(data), _INSTALL_BLOCK):
+            b = min(len(data), a + _INSTALL_BLOCK)
+            with torch.no_grad():
+                dst_t[a:b].copy_(src_t[a:b])
+            h.update(dst[a:b])
+        return h.hexdigest()
+    if not (value.flags.c_contiguous and value.flags.writeable):
+        state.load_tensor(entry.name, data)
+        h.update(tz.host_bytes(value))
+        return h.hexdigest()
+    dst = value.reshape(-1).view(np.uint8)
+    for a in range(0, len(data), _INSTALL_BLOCK):
+        b = min(len(data), a + _INSTALL_BLOCK)
+        np.copyto(dst[a:b], data[a:b])
+        h.update(dst[a:b])
+    return h.hexdigest()

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import pickle
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +39,15 @@ PICKLE_PROTOCOL = 5
 
 def tensor_digest(dtype: str, shape: tuple[int, ...], data) -> str:
     """xxh3-128 hex over "dtype|shape|" and the bytes: equal bytes of another dtype or shape differ."""
-    h = xxhash.xxh3_128(f"{dtype}|{','.join(map(str, shape))}|".encode())
+    h = tensor_hasher(dtype, shape)
     h.update(data)
     return h.hexdigest()
+
+
+def tensor_hasher(dtype: str, shape: tuple[int, ...]):
+    """The running xxh3-128 of `tensor_digest`, before any byte: update it with the bytes in order (in
+    pieces, as they arrive), and its hexdigest() is tensor_digest's."""
+    return xxhash.xxh3_128(f"{dtype}|{','.join(map(str, shape))}|".encode())
 
 
 def objects_bytes(objects: Mapping[str, Any]) -> bytes:
@@ -149,6 +156,7 @@ class SharedState:
         self.revision = int(revision)
         self.sharded: dict[str, Any] = {}   # object id -> ShardedObject (held in part; not in the digest)
         self.hashed_bytes = 0   # bytes hashed so far: lets tests and benchmarks see the cache work
+        self._count_lock = threading.Lock()
 
     def shard(self, object_id: str, length: int, shards: int, dtype: Any = "float32", r: int = 2,
               init: float = 0.0) -> Any:
@@ -199,8 +207,15 @@ class SharedState:
         else:
             self._cache.pop(name, None)
 
-    def tensor_digests(self) -> dict[str, str]:
-        return {name: self._tensor_digest(name) for name in sorted(self.tensors)}
+    def tensor_digests(self, threads: int = 1) -> dict[str, str]:
+        """name -> digest, sorted by name. `threads` > 1 hashes that many tensors at a time (xxhash releases
+        the GIL), for a caller that has idle cores, as a puller about to wait for its sources has."""
+        names = sorted(self.tensors)
+        if threads <= 1 or len(names) <= 1:
+            return {name: self._tensor_digest(name) for name in names}
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="p2pgen-digest") as pool:
+            return dict(zip(names, pool.map(self._tensor_digest, names)))
 
     def objects_digest(self) -> tuple[str, int]:
         """(digest, size) of the pickled objects."""
@@ -242,7 +257,8 @@ class SharedState:
         if cached is not None and key is not None and cached.key == key:
             return cached.digest
         data = tz.host_bytes(value)
-        self.hashed_bytes += len(data)
+        with self._count_lock:
+            self.hashed_bytes += len(data)
         digest = tensor_digest(tz.dtype_name(value), tz.shape(value), data)
         if key is not None:
             self._cache[name] = _Cached(key, digest)

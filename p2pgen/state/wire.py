@@ -102,8 +102,8 @@ def recv_exact(sock: socket.socket, n: int, into: memoryview | None = None, eof_
     any other EOF raises Refused("truncated")."""
     view = into if into is not None else memoryview(bytearray(n))
     got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
+    while got < n:     # MSG_WAITALL: one wake-up and one GIL hand-off per frame, not one per skb
+        k = sock.recv_into(view[got:] if got else view, n - got, socket.MSG_WAITALL)
         if k == 0:
             if got == 0 and eof_ok:
                 return None

@@ -242,3 +242,22 @@ def test_staging_buffers_of_many_sizes_are_reused_without_mixing_them_up(servers
     report = pull(dst, [s], config=dataclasses.replace(SMALL, batch_bytes=4 << 10))
     assert sorted(report.tensors_fetched) == sorted(sizes)
     assert dst.digest() == src.digest() and bytes_of(dst) == bytes_of(src)
+
+
+def test_the_final_digest_is_the_state_digest_whatever_the_tensor_layout(servers):
+    """The pull's final digest is built from digests taken as tensors were installed; it must equal
+    `state.digest()` recomputed from scratch, for contiguous and non-contiguous numpy and torch tensors
+    (these two are written by `load_tensor` and hashed afterwards), and in-place torch writes bump `_version`."""
+    rng = np.random.default_rng(5)
+    base = {"a": rng.standard_normal(3000, dtype=np.float32), "b": rng.integers(0, 9, (40, 30)).astype(np.int64),
+            "c": torch.randn(50, 20), "d": torch.randn(30, 40)}
+    src = SharedState({"a": base["a"], "b": base["b"].T.copy(), "c": base["c"], "d": base["d"]},
+                      {"step": 2}, revision=2)
+    dst = SharedState({"a": np.zeros(3000, np.float32), "b": np.zeros((40, 30), np.int64).T,
+                       "c": torch.zeros(50, 20), "d": torch.zeros(40, 30).t()}, revision=0)
+    assert not dst.tensors["b"].flags.c_contiguous and not dst.tensors["d"].is_contiguous()
+    version_c = dst.tensors["c"]._version
+    report = pull(dst, [Serving(servers(src, ("p0", 1)))], config=PullConfig(chunk_bytes=4096))
+    assert report.digest == src.digest() == dst.digest()
+    assert dst.tensors["c"]._version > version_c
+    assert bytes_of(dst) == bytes_of(src)
