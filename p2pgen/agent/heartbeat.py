@@ -21,6 +21,12 @@ Invariants kept:
   hold every generation change until the link heals (a one-way partition);
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
+- a target silent for PROBE_AFTER heartbeat intervals also gets our heartbeats on a UDP socket connected to
+  it. When no process holds its port (its agent died and its host lives: an OOM kill, a crash, a host that
+  reboots the agent), the host answers ICMP port unreachable, which a connected socket reports as a refusal:
+  that is proof, not silence, and the agent is reported at once instead of after the detector's timeout. A
+  host that is gone, partitioned or an agent that is stopped answers nothing, and the detector decides as
+  before;
 - a replayed heartbeat (one not newer than the last heard from its process, or from a process already
   replaced at that address) changes nothing: it can neither keep a dead process alive nor report a live
   one as replaced. Every packet dropped is counted under a reason (`refusals()`, shown by `p2pgen show`).
@@ -50,6 +56,7 @@ MAX_PACKET = 4096
 RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
+PROBE_AFTER = 2                   # heartbeat intervals of silence after which a target's port is probed
 SO_TIMESTAMPNS = 35               # Linux: stamp each datagram with its arrival time (struct timespec)
 ANCILLARY_BYTES = socket.CMSG_SPACE(16)
 
@@ -95,6 +102,7 @@ class HeartbeatRunner:
         self._retired: dict[str, list[str]] = {}         # address -> instances replaced there (receive thread)
         self._unheard_since: dict[str, float] = {}       # peer -> since when it says it cannot hear us (receive thread)
         self._deaf: set[str] = set()                     # peers reported for not hearing us (guarded by _lock)
+        self._probes: dict[str, socket.socket] = {}      # silent target -> UDP socket connected to it (own thread)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -116,6 +124,9 @@ class HeartbeatRunner:
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._sock.close()
+        for probe in self._probes.values():
+            probe.close()
+        self._probes.clear()
 
     def suspected(self) -> set[str]:
         """Agents currently suspected (reported and not heard from since)."""
@@ -155,6 +166,7 @@ class HeartbeatRunner:
             targets = (self._targets() | self._callers()) - {self.self_addr}
             self._track(targets, now)
             self._receive(targets)
+            self._judge_refusals(targets, time.monotonic())
             self._judge(targets, time.monotonic())
             self._send(targets)
             next_send = now + self.config.heartbeat_interval
@@ -202,6 +214,7 @@ class HeartbeatRunner:
         unheard = sorted(self.suspected())[:MAX_UNHEARD]
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
         packet = body + prove(self.key, body)
+        silent_since = time.monotonic() - PROBE_AFTER * self.config.heartbeat_interval
         for target in targets:
             if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
                 continue
@@ -210,6 +223,51 @@ class HeartbeatRunner:
                 self._sock.sendto(packet, (host, int(port)))
             except OSError as e:
                 log.debug("heartbeat to %s failed: %s", target, e)
+            if target in self._probes or self._history.stats(target).last < silent_since:
+                self._probe(target, (host, int(port)), packet)
+
+    def _probe(self, target: str, address: tuple[str, int], packet: bytes) -> None:
+        """Send the heartbeat again on a UDP socket connected to the silent `target` (see the module docstring)."""
+        probe = self._probes.get(target)
+        try:
+            if probe is None:
+                probe = self._probes[target] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                probe.setblocking(False)
+                probe.connect(address)
+            probe.send(packet)
+        except ConnectionRefusedError:
+            pass                                  # the refusal of an earlier probe: judged next round
+        except OSError as e:
+            log.debug("probe of %s failed: %s", target, e)
+
+    def _judge_refusals(self, targets: set[str], now: float) -> None:
+        """Report a probed target whose host refused our heartbeat (no process holds its port); drop the probes
+        of targets heard again or no longer targets."""
+        silent_since = now - PROBE_AFTER * self.config.heartbeat_interval
+        for target, probe in list(self._probes.items()):
+            refused = False
+            try:
+                probe.recv(1)
+            except ConnectionRefusedError:
+                refused = True
+            except OSError:
+                pass                              # nothing came back (BlockingIOError), or nothing to say
+            heard = target in self._history.peers() and self._history.stats(target).last >= silent_since
+            if refused or heard or target not in targets:
+                probe.close()
+                del self._probes[target]
+            if not refused or heard or target not in targets:
+                continue                          # heard since: the refusal was for a process replaced there
+            with self._lock:
+                last = self._heard.get(target)
+                hears_others = any(a != target and a not in self._reported for a in self._heard)
+                if target in self._reported or (last is None and not hears_others):
+                    continue                      # never heard, by an agent that hears no one: as in _judge
+                self._reported.add(target)
+            silence = now - self._history.stats(target).last
+            self._on_suspect(target, last.instance if last else "",
+                             f"{'never heard from; ' if last is None else ''}its host refused our heartbeat after "
+                             f"{silence:.2f} s of silence (no process holds the agent's port)")
 
     def _receive(self, targets: set[str]) -> None:
         """Take every heartbeat waiting in the socket (at most 1024 in one round), each at its arrival time."""

@@ -148,3 +148,47 @@ def test_a_peer_that_speaks_but_cannot_hear_us_is_reported_though_we_hear_it(tmp
             assert a_addr not in m.suspected() and len(by_a) == 1
     finally:
         faults.watch(None)
+
+
+REFUSAL_CONFIG = DetectorConfig(kind="fixed", timeout=60.0, floor=0.2, heartbeat_interval=0.05, window=10)
+
+
+@pytest.mark.timeout(30)
+def test_a_dead_agent_whose_host_refuses_its_port_is_reported_without_waiting_for_the_timeout():
+    """B's process is gone but its host lives: the host refuses the probes (ICMP port unreachable), which is
+    proof, so A reports B long before its 60 s timeout; C, stopped (its port still held), is not reported."""
+    a_addr, b_addr, c_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(3))
+    suspected: list[tuple[str, str]] = []
+    a = runner(a_addr, lambda: {b_addr, c_addr}, lambda peer, instance, why: suspected.append((peer, why)))
+    a.config = REFUSAL_CONFIG
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    c_host, _, c_port = c_addr.rpartition(":")
+    stopped = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)       # C: holds its port, says nothing
+    stopped.bind((c_host, int(c_port)))
+    try:
+        with running(a, b):
+            wait_for(lambda: b_addr in a.heard())
+            b.stop()
+            wait_for(lambda: b_addr in a.suspected())
+            assert [peer for peer, _ in suspected] == [b_addr] and "refused our heartbeat" in suspected[0][1]
+            time.sleep(20 * REFUSAL_CONFIG.heartbeat_interval)      # C is probed all along, never refused
+            assert c_addr not in a.suspected() and len(suspected) == 1
+    finally:
+        stopped.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_refusal_for_a_process_replaced_at_the_same_address_does_not_report_the_new_one():
+    """B dies; before A judges the refusal, a new process at B's address is heard: nothing is reported."""
+    a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
+    suspected: list[str] = []
+    a = runner(a_addr, lambda: {b_addr}, lambda peer, instance, why: suspected.append(peer))
+    a.config = REFUSAL_CONFIG
+    with running(a):
+        b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+        with running(b):
+            wait_for(lambda: b_addr in a.heard())
+        b2 = runner(b_addr, lambda: {a_addr}, lambda *args: None)    # the same address, at once
+        with running(b2):
+            time.sleep(20 * REFUSAL_CONFIG.heartbeat_interval)
+            assert b_addr not in a.suspected() and suspected == []
