@@ -164,7 +164,9 @@ class Agent:
                                           lambda peer, inst, why: self._agent_lost(peer, inst, why),
                                           self._announce,
                                           lambda peer, old, new: self._agent_lost(
-                                              peer, old, f"replaced by a new agent process ({new})"))
+                                              peer, old, f"replaced by a new agent process ({new})", proven=True),
+                                          on_refused=lambda peer, inst, why: self._agent_lost(peer, inst, why,
+                                                                                              proven=True))
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
                                    self._leaving.is_set)
@@ -364,11 +366,15 @@ class Agent:
 
     # --- the driver --------------------------------------------------------------------------------
 
-    def _agent_lost(self, peer: str, instance: str, why: str) -> None:
+    def _agent_lost(self, peer: str, instance: str, why: str, proven: bool = False) -> None:
         """The heartbeats say another agent is gone: its members are for the driver, its voter (if the
-        node here leads) for the voter manager, both at once."""
+        node here leads) for the voter manager, both at once. `proven` (its host refused our heartbeats: no
+        process holds its port): if it ran the leader, this node campaigns now rather than after a timeout."""
         self._events.put(("agent_lost", peer, instance, why))
         self.voters.poke()
+        view = self.node.view() if proven else None
+        if view is not None and view.leader is not None and control_addr_of(view.leader) == peer:
+            self.node.hasten_election(view.leader)
 
     def _wake_driver(self) -> None:
         """A node published a new view (an entry applied, a leader or term change): the driver and the voter

@@ -93,9 +93,11 @@ class HeartbeatRunner:
     def __init__(self, host: str, port: int, key: bytes, job: str, self_addr: str, config: DetectorConfig,
                  targets: Callable[[], set[str]], on_suspect: Callable[[str, str, str], None],
                  announce: Callable[[], Announcement],
-                 on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None) -> None:
+                 on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None,
+                 on_refused: Callable[[str, str, str], None] | None = None) -> None:
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
+        self._on_refused = on_refused or on_suspect      # a suspicion proven by a refusal (default: like any other)
         self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
         self._last_seq: dict[str, tuple[str, int]] = {}  # address -> (instance, highest seq) (receive thread)
@@ -265,7 +267,7 @@ class HeartbeatRunner:
                     continue                      # never heard, by an agent that hears no one: as in _judge
                 self._reported.add(target)
             silence = now - self._history.stats(target).last
-            self._on_suspect(target, last.instance if last else "",
+            self._on_refused(target, last.instance if last else "",
                              f"{'never heard from; ' if last is None else ''}its host refused our heartbeat after "
                              f"{silence:.2f} s of silence (no process holds the agent's port)")
 

@@ -23,6 +23,7 @@ import copy
 import logging
 import os
 import queue
+import random
 import threading
 import time
 import uuid
@@ -73,6 +74,7 @@ class RaftTiming:
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
     leaderless_pause: float = 0.05    # retry of a command refused because no leader is known (see `conf`)
+    hasten_spread: float = 0.15       # a follower told its leader is dead campaigns within this (random, see below)
 
     def conf(self, bind: str | None, password: str, on_state_changed=None) -> SyncObjConf:
         """pysyncobj's settings. `commandsWaitLeader=False`: with True, a command submitted while no leader is
@@ -146,6 +148,7 @@ class RaftNode:
         self._requests: dict[str, _Request] = {}
         self._handed_over = False                 # a request went to SyncObj this turn: tick again at once
         self._tick_left_work = False              # the tick's last poll handled messages: tick again at once
+        self._hasten: str | None = None           # a leader id proven dead (another thread sets it; see hasten_election)
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
         self._stop = threading.Event()
@@ -189,6 +192,16 @@ class RaftNode:
 
     def transfer_leadership(self, timeout: float = 2.0) -> None:
         self._call("transfer", None, timeout)
+
+    def hasten_election(self, leader: str) -> None:
+        """The node `leader` is proven dead (its agent's host refused our heartbeats): if it is still the leader
+        this follower follows, campaign within `hasten_spread` seconds (random, so that two followers told at
+        once rarely split the vote) instead of after a full election timeout. An election is always safe in
+        Raft; this only ends the wait for one that must come."""
+        self._hasten = leader
+        wake = self._wake
+        if wake is not None:
+            wake.notify()
 
     def view(self) -> RaftView | None:
         return self._view
@@ -259,11 +272,25 @@ class RaftNode:
         handled = self._so.messages_handled
         self._so.doTick(0.0)
         self._tick_left_work = self._so.messages_handled != handled     # see syncobj.py, 6
+        hasten, self._hasten = self._hasten, None
+        if hasten is not None:
+            self._campaign_soon(hasten)
         self._drain_inbox()
         self._drive_requests()
         self._publish()
         self._trace.maybe_flush()
         return self._wait_s()
+
+    def _campaign_soon(self, dead_leader: str) -> None:
+        so = self._so
+        leader = so._getLeader()
+        if self.node_id is None or so._isLeader() or leader is None or leader.id != dead_leader:
+            return                                # not a voter, or the job has moved on already
+        deadline = so_monotonic() + random.uniform(0.0, self.timing.hasten_spread)
+        if deadline < so._SyncObj__raftElectionDeadline:
+            so._SyncObj__raftElectionDeadline = deadline
+            log.info("raft node %s: leader %s is dead; campaigning within %.2f s", self.node_id, dead_leader,
+                     deadline - so_monotonic())
 
     def _record(self, kind: str, node: str | None, **fields: object) -> None:
         self._trace.record(kind, node, epoch=self.epoch, **fields)

@@ -159,7 +159,15 @@ def test_captured_heartbeats_of_the_honest_peer_replayed_change_nothing(rig):
 
 
 def test_a_replayed_heartbeat_of_a_replaced_process_does_not_report_the_new_one_replaced(rig):
-    addr = "127.0.0.1:1"
+    stand_in = bind_free_port(rig._udp)      # holds the sender's port, as a live agent would, and says nothing: an
+    addr = f"127.0.0.1:{stand_in.getsockname()[1]}"   # unheld port would refuse the target's probes (reported)
+    try:
+        _replaced_process_replayed(rig, addr)
+    finally:
+        stand_in.close()
+
+
+def _replaced_process_replayed(rig: Rig, addr: str) -> None:
     old = [heartbeat(addr, seq, "old") for seq in (1, 2, 3)]
     for packet in old:
         rig.send(packet)

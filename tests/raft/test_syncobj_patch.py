@@ -169,3 +169,23 @@ def test_a_turn_whose_tick_handled_messages_is_followed_by_another_without_sleep
     assert so.raftLastApplied < 2                     # what the append called for waits for the next tick
     so.doTick = lambda time_to_wait: apply(so)
     assert node._turn() > 0 and so.raftLastApplied == 2
+
+
+def test_a_follower_told_its_leader_is_dead_campaigns_within_the_spread_and_only_for_that_leader():
+    from pysyncobj.monotonic import monotonic as so_monotonic
+
+    from p2pgen.raft.node import RaftNode
+
+    so, _ = make(JobSyncObj)
+    node = RaftNode("job", FOLLOWER, [FOLLOWER, LEADER, OTHER], b"a secret for a test")
+    node._so = so
+    so.doTick = lambda time_to_wait: None
+    deliver(so, append(1, (1, 0), [(2, 1)], commit=1))            # LEADER leads term 1
+    assert so._getLeader().id == LEADER
+    so._SyncObj__raftElectionDeadline = so_monotonic() + 10.0      # a full election timeout away
+    node.hasten_election(OTHER)                                     # not the leader it follows: nothing changes
+    node._turn()
+    assert so._SyncObj__raftElectionDeadline > so_monotonic() + 5.0
+    node.hasten_election(LEADER)
+    node._turn()
+    assert so._SyncObj__raftElectionDeadline <= so_monotonic() + node.timing.hasten_spread
