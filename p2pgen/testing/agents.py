@@ -177,6 +177,15 @@ class Cluster:
             agent.proc.wait(10)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (Linux /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def active(show: dict[str, Any]) -> dict[str, Any] | None:
     return show["state"]["active"]
 

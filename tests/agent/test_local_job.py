@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from p2pgen.testing.agents import pid_alive
+
 ROOT = Path(__file__).resolve().parents[2]
 EXACT_APP = str(ROOT / "tests" / "integration" / "apps" / "exact_train.py")
 
@@ -40,14 +42,6 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             kids.append(int(entry))
     return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _wait_for_line(proc: subprocess.Popen, needle: str) -> list[str]:
@@ -101,7 +95,7 @@ def test_sigterm_stops_every_agent_and_application(tmp_path):
         proc.send_signal(signal.SIGTERM)
         # the runner's own bound: SIGTERM to every agent, SIGKILL of what is left after 4 s
         assert proc.wait(timeout=10) == 130
-        assert not [p for p in agents + apps if _alive(p)]
+        assert not [p for p in agents + apps if pid_alive(p)]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -122,11 +116,11 @@ def test_a_sigkilled_runner_takes_its_agents_and_applications_with_it(tmp_path):
         assert len(agents) == 3 and len(apps) == 3
         proc.kill()
         proc.wait()
-        while [p for p in agents + apps if _alive(p)]:      # bounded by the test's timeout
+        while [p for p in agents + apps if pid_alive(p)]:      # bounded by the test's timeout
             time.sleep(0.2)
     finally:
         for pid in agents + apps:           # leave nothing behind if the assertion above failed
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

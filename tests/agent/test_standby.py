@@ -12,12 +12,11 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import Cluster, active_members, free_control_ports
+from p2pgen.testing.agents import Cluster, active_members, free_control_ports, pid_alive
 
 # no --attach-grace: the application must attach and vote itself, so "active" means the promoted process joined
 DETECT = ("--detector=fixed", "--detect-timeout=2.0", "--detect-floor=0.5", "--heartbeat-interval=0.1")
@@ -36,14 +35,6 @@ for step in peer.steps():
         state.tensors["w"] += buf
         step.commit()
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _cmdline(pid: int) -> str:
@@ -86,7 +77,7 @@ def test_a_killed_application_is_replaced_by_its_warm_standby(tmp_path: Path) ->
         assert _agent(healed)["restarts"] == 1
         fresh = _agent(healed)["standby_pid"]
         pids.add(fresh)
-        assert not _alive(app_pid) and _alive(standby_pid) and _alive(fresh)
+        assert not pid_alive(app_pid) and pid_alive(standby_pid) and pid_alive(fresh)
         history = cluster.client(a0).history()
         assert any(("p0", incarnation) not in {(m["peer_id"], m["incarnation"]) for m in h["members"]}
                    and h["outcome"] == "activated" and h["generation"] > first["state"]["active"]["generation"]
@@ -119,9 +110,9 @@ def test_a_killed_application_is_replaced_by_its_warm_standby(tmp_path: Path) ->
             agent.signal(signal.SIGTERM)
         for agent in cluster.agents.values():
             agent.proc.wait(60)
-        cluster.wait_until(lambda: not any(_alive(p) for p in pids), 20, "every application and standby gone")
+        cluster.wait_until(lambda: not any(pid_alive(p) for p in pids), 20, "every application and standby gone")
     finally:
         cluster.stop_all()
         for pid in pids:                                  # never left behind, even when an assertion failed
-            if _alive(pid) and str(app) in _cmdline(pid):    # still ours (a pid can be reused)
+            if pid_alive(pid) and str(app) in _cmdline(pid):    # still ours (a pid can be reused)
                 os.kill(pid, signal.SIGKILL)
