@@ -484,12 +484,16 @@ def run_catchup(plan: Plan) -> list[dict[str, Any]]:
 
 
 def format_catchup(rows: list[dict[str, Any]]) -> str:
-    table = [["catch-up (joiner pulls from source processes)", "sources", "pull GB/s", "raw TCP GB/s", "pull/raw"]]
+    table = [["catch-up (joiner pulls from source processes)", "sources", "pull GB/s", "raw TCP GB/s", "pull/raw",
+              "per round"]]
     for r in rows:
         table.append([f"{r['size_bytes'] >> 20} MiB of state", str(r["sources"]), f"{r['pull_GBps']:.2f}",
-                      f"{r['raw_GBps']:.2f}", f"{r['pull_over_raw']:.2f}"])
+                      f"{r['raw_GBps']:.2f}", f"{r['pull_over_raw']:.2f}",
+                      f"{r['ratio_min']:.2f}..{r['ratio_max']:.2f}"])
     return "\n".join(_table(table) + ["raw TCP: the same bytes over as many plain loopback connections, in the same "
-                                      "run; pull includes handshake, manifest, checksums and the final digest"])
+                                      "run; pull includes handshake, manifest, checksums and the final digest; "
+                                      f"medians of {rows[0]['rounds'] if rows else 0} interleaved rounds (the order "
+                                      "alternating), per round: min..max of the rounds' pull/raw"])
 
 
 # --- 5. per-step overhead, no faults --------------------------------------------------------------------

@@ -170,3 +170,11 @@ def test_cli_measures_the_per_step_overhead_of_a_no_op_model_on_two_agents(capsy
     assert len(s["step_us_blocks"]) == len(s["bare_us_blocks"]) == plan.overhead_blocks
     assert all(v > 0 for v in s["step_us_blocks"] + s["bare_us_blocks"])
     assert s["ratio"] > 0 and s["overhead_us_min"] <= s["overhead_us"] <= s["overhead_us_max"]
+
+
+def test_the_catchup_table_gives_the_median_and_the_range_of_the_rounds():
+    row = {"size_bytes": 64 << 20, "sources": 2, "rounds": 3, "pull_GBps": 1.0, "raw_GBps": 1.5,
+           "pull_over_raw": 0.66, "ratio_min": 0.6, "ratio_max": 0.71}
+    text = recovery.format_catchup([row])
+    line = next(line for line in text.splitlines() if line.startswith("64 MiB"))
+    assert line.split()[-2:] == ["0.66", "0.60..0.71"] and "3 interleaved rounds" in text
