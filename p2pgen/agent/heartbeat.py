@@ -21,8 +21,9 @@ Invariants kept:
   hold every generation change until the link heals (a one-way partition);
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
-- a target silent for PROBE_AFTER heartbeat intervals also gets our heartbeats on a UDP socket connected to
-  it. When no process holds its port (its agent died and its host lives: an OOM kill, a crash, a host that
+- a target silent for PROBE_AFTER heartbeat intervals gets our heartbeats on a UDP socket connected to it
+  instead of the shared one (one copy per round: a second copy of the same heartbeat would be counted as a
+  replay by a peer that was only late). When no process holds its port (its agent died and its host lives: an OOM kill, a crash, a host that
   reboots the agent), the host answers ICMP port unreachable, which a connected socket reports as a refusal:
   that is proof, not silence, and the agent is reported at once instead of after the detector's timeout. A
   host that is gone, partitioned or an agent that is stopped answers nothing, and the detector decides as
@@ -105,6 +106,7 @@ class HeartbeatRunner:
         self._unheard_since: dict[str, float] = {}       # peer -> since when it says it cannot hear us (receive thread)
         self._deaf: set[str] = set()                     # peers reported for not hearing us (guarded by _lock)
         self._probes: dict[str, socket.socket] = {}      # silent target -> UDP socket connected to it (own thread)
+        self._refused_on_send: set[str] = set()          # probed targets whose refusal a send reported (own thread)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -221,33 +223,43 @@ class HeartbeatRunner:
             if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
                 continue
             host, _, port = target.rpartition(":")
+            if (target in self._probes or self._history.stats(target).last < silent_since) and \
+                    self._probe(target, (host, int(port)), packet):
+                continue
             try:
                 self._sock.sendto(packet, (host, int(port)))
             except OSError as e:
                 log.debug("heartbeat to %s failed: %s", target, e)
-            if target in self._probes or self._history.stats(target).last < silent_since:
-                self._probe(target, (host, int(port)), packet)
 
-    def _probe(self, target: str, address: tuple[str, int], packet: bytes) -> None:
-        """Send the heartbeat again on a UDP socket connected to the silent `target` (see the module docstring)."""
+    def _probe(self, target: str, address: tuple[str, int], packet: bytes) -> bool:
+        """Send the heartbeat on a UDP socket connected to the silent `target` (see the module docstring); False
+        when no such socket could be made (the shared socket sends it then)."""
         probe = self._probes.get(target)
-        try:
-            if probe is None:
-                probe = self._probes[target] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if probe is None:
+            probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
                 probe.setblocking(False)
                 probe.connect(address)
+            except OSError as e:
+                probe.close()
+                log.debug("no probe socket for %s: %s", target, e)
+                return False
+            self._probes[target] = probe
+        try:
             probe.send(packet)
         except ConnectionRefusedError:
-            pass                                  # the refusal of an earlier probe: judged next round
+            self._refused_on_send.add(target)     # the refusal of an earlier probe: judged next round
         except OSError as e:
             log.debug("probe of %s failed: %s", target, e)
+        return True
 
     def _judge_refusals(self, targets: set[str], now: float) -> None:
         """Report a probed target whose host refused our heartbeat (no process holds its port); drop the probes
         of targets heard again or no longer targets."""
         silent_since = now - PROBE_AFTER * self.config.heartbeat_interval
         for target, probe in list(self._probes.items()):
-            refused = False
+            refused = target in self._refused_on_send
+            self._refused_on_send.discard(target)
             try:
                 probe.recv(1)
             except ConnectionRefusedError:

@@ -192,3 +192,30 @@ def test_a_refusal_for_a_process_replaced_at_the_same_address_does_not_report_th
         with running(b2):
             time.sleep(20 * REFUSAL_CONFIG.heartbeat_interval)
             assert b_addr not in a.suspected() and suspected == []
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_peer_that_is_alive_gets_one_heartbeat_a_round_and_is_not_reported(tmp_path):
+    """What M sends to A is lost (one way), so A probes M: M gets A's heartbeats on the probe socket instead
+    of the shared one, not both (a second copy of the same heartbeat counts as a replay at M), and M's port,
+    held, refuses nothing, so A reports nothing before its 60 s timeout."""
+    a_port = m_port = free_udp_port()
+    while abs(a_port - m_port) < faults.AGENT_PORT_SPAN:
+        m_port = free_udp_port()
+    a_addr, m_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{m_port}"
+    rules = tmp_path / "faults.json"
+    faults.heal(rules)
+    faults.watch(str(rules))
+    by_a: list[str] = []
+    a = runner(a_addr, lambda: {m_addr}, lambda peer, instance, why: by_a.append(peer))
+    a.config = REFUSAL_CONFIG
+    m = runner(m_addr, lambda: {a_addr}, lambda *args: None)
+    try:
+        with running(a, m):
+            wait_for(lambda: m_addr in a.heard() and a_addr in m.heard())
+            faults.write_partition(rules, [[m_addr], [a_addr]], one_way=True)
+            time.sleep(40 * REFUSAL_CONFIG.heartbeat_interval)     # A has long been probing M
+            assert a_addr in m.heard() and m.refusals()["replayed"] == 0
+            assert by_a == [] and m_addr not in a.suspected()
+    finally:
+        faults.watch(None)
