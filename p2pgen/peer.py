@@ -738,9 +738,6 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     return peer
 
 
-STANDBY_POLL_S = 30.0           # one long-poll of the agent's `standby` RPC (it answers at once on promotion)
-
-
 def _await_promotion(agent_addr: str, secret: bytes, job: str, token: str) -> int:
     """A standby's wait in `join()`: long-poll the agent until it promotes this process; its incarnation.
     Raises AgentLost when the agent stops answering, P2PGenError when it no longer knows this standby."""
@@ -749,7 +746,7 @@ def _await_promotion(agent_addr: str, secret: bytes, job: str, token: str) -> in
     try:
         while True:
             try:
-                answer = client._call("standby", io_timeout=STANDBY_POLL_S + 5, token=token, timeout=STANDBY_POLL_S)
+                answer = client.standby(token)
             except RpcError as e:
                 raise P2PGenError(f"standby of {os.environ.get('P2PGEN_PEER_ID')}: {e}") from e
             except OSError as e:

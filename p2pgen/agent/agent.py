@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 from p2pgen import faults
+from p2pgen.agent.client import STANDBY_POLL_S
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
 from p2pgen.agent.raftmember import JoinError, RaftMembership, control_addr_of
 from p2pgen.agent.rpc import RpcServer, split_addr
@@ -63,7 +64,6 @@ DRIVER_TURN_S = 0.25            # the driver's longest wait; a new Raft view or 
 STANDBY_QUIET_S = 1.0           # a standby starts once the application ran this long in the active generation,
 STANDBY_SETTLE_S = 10.0         # ... or this long after it started
 STANDBY_REPLACEMENTS = 3        # standbys that died waiting, in a row, after which the agent keeps none
-STANDBY_POLL_S = 30.0           # longest answer of one `standby` long-poll (the standby asks again)
 
 
 def port_of(control_addr: str, role: str) -> str:

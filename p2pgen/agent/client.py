@@ -1,6 +1,6 @@
 """AgentClient: what the CLI, tests and applications use to talk to an agent's control API.
 
-Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `attach`, `leave`;
+Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `attach`, `standby`, `leave`;
 the step loop long-polls `wait` directly). Holds no state of its own beyond one connection; reconnects on demand.
 """
 
@@ -11,6 +11,8 @@ from typing import Any
 from p2pgen.agent.rpc import RpcClient
 from p2pgen.agent.wire import command_to_wire
 from p2pgen.core import Command
+
+STANDBY_POLL_S = 30.0           # longest answer of one `standby` long-poll: the standby then asks again
 
 
 class AgentClient:
@@ -41,6 +43,10 @@ class AgentClient:
     def submit(self, command: Command) -> dict[str, Any]:
         """Submit a core command through this agent; returns {"ok": bool, "reason": str}."""
         return self._call("submit", io_timeout=self.timeout + 2, command=command_to_wire(command))
+
+    def standby(self, token: str) -> dict[str, Any]:
+        """A warm standby's long-poll: {"incarnation": N} once its agent promoted it, None after STANDBY_POLL_S."""
+        return self._call("standby", io_timeout=STANDBY_POLL_S + self.timeout, token=token, timeout=STANDBY_POLL_S)
 
     def attach(self, incarnation: int) -> dict[str, Any]:
         return self._call("attach", incarnation=incarnation)
