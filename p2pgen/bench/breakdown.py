@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping
 
+from p2pgen.bench.table import aligned
+
 PHASES = ("detect", "proposal", "vote_commit", "activation", "connect", "first_step")
 Events = list[dict[str, Any]]
 
@@ -74,5 +76,4 @@ def format_phases(title: str, summary: Mapping[str, Mapping[str, float]]) -> lis
     for phase in PHASES:
         s = summary[phase]
         rows.append([phase, f"{s['p50'] * 1000:.0f}", f"{s['max'] * 1000:.0f}", f"{s['share'] * 100:.0f} %"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    return aligned(rows)

@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+from p2pgen.bench.table import aligned
 from p2pgen.testing.agents import Cluster, free_control_ports
 
 PEERS = ("p0", "p1", "p2")
@@ -269,11 +270,10 @@ def format_heal(result: dict[str, Any]) -> str:
     for p in PHASES:
         rows.append([f"  {p}", *[f"{modes[m]['phases'][p]:.3f}" if modes[m]["phases"][p] is not None else "-"
                                  for m in MODES]])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["heal: SIGKILL of one application of three (torch MLP, step delay "
              f"{result['step_delay']} s) -> its replacement's first commit; target with a standby "
              f"<= {result['target_s']} s"]
-    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += aligned(rows)
     return "\n".join(lines)
 
 

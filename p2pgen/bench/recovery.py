@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from p2pgen.bench.breakdown import fault_phases, format_phases, summarize_phases
 from p2pgen.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, settings_text
+from p2pgen.bench.table import aligned
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen.termprogress import TermProgress
 
@@ -84,11 +85,6 @@ def summarize(values: list[float]) -> dict[str, float]:
 def _detect_flags(detect_timeout: float) -> tuple[str, ...]:
     return ("--attach-grace=0", "--detector=fixed", f"--detect-timeout={detect_timeout}",
             f"--detect-floor={min(0.3, detect_timeout / 2)}", "--heartbeat-interval=0.1")
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
 
 
 # --- 1. membership ----------------------------------------------------------------------------------
@@ -164,7 +160,7 @@ def format_membership(results: dict[str, list[float]], detect_timeout: float) ->
         if values:
             s = summarize(values)
             rows.append([key, str(s["n"])] + [f"{s[q] * 1000:.0f}" for q in ("p50", "p90", "p99", "max")])
-    return "\n".join(_table(rows) + [
+    return "\n".join(aligned(rows) + [
         f"detector: fixed timeout {detect_timeout} s (SIGSTOP and agent kills are detected by timeout; "
         "an application's exit is reported by its agent at once)"])
 
@@ -444,7 +440,7 @@ def format_steploop(summary: dict[str, Any], plan: Plan, detect_timeout: float,
         f"({plan.checkpoint_every // 2} steps after a checkpoint of rank 0, written every {plan.checkpoint_every} "
         "steps by torchrun and restart-all, which restart every process and reload it; torchft heals a replica from "
         "a peer, p2pgen a process from the frontier)",
-        *_table(rows),
+        *aligned(rows),
         f"kill_agent: p2pgen and restart-all kill the Raft leader's agent, torchft the host (restarter and replica) "
         f"and torchrun the agent and worker of rank 0; the host comes back once the survivors are past the "
         f"pre-fault step. p2pgen detector: fixed {detect_timeout} s. p99 of n samples is the max when n < 100",
@@ -490,7 +486,7 @@ def format_catchup(rows: list[dict[str, Any]]) -> str:
         table.append([f"{r['size_bytes'] >> 20} MiB of state", str(r["sources"]), f"{r['pull_GBps']:.2f}",
                       f"{r['raw_GBps']:.2f}", f"{r['pull_over_raw']:.2f}",
                       f"{r['ratio_min']:.2f}..{r['ratio_max']:.2f}"])
-    return "\n".join(_table(table) + ["raw TCP: the same bytes over as many plain loopback connections, in the same "
+    return "\n".join(aligned(table) + ["raw TCP: the same bytes over as many plain loopback connections, in the same "
                                       "run; pull includes handshake, manifest, checksums and the final digest; "
                                       f"medians of {rows[0]['rounds'] if rows else 0} interleaved rounds (the order "
                                       "alternating), per round: min..max of the rounds' pull/raw"])
@@ -535,7 +531,7 @@ def format_overhead(s: dict[str, Any]) -> str:
             [f"{s['world']} members, {s['blocks']} x {s['steps_per_block']} steps", f"{s['step_us']:.0f} us",
              f"{s['bare_all_reduce_us']:.0f} us", f"{s['overhead_us']:.0f} us", f"{s['ratio']:.2f}",
              f"{s['overhead_us_min']:.0f}..{s['overhead_us_max']:.0f} us"]]
-    return "\n".join(_table(rows) + ["a step = the boundary-agreement all-reduce (int64 MAX) + a 4-byte all-reduce + "
+    return "\n".join(aligned(rows) + ["a step = the boundary-agreement all-reduce (int64 MAX) + a 4-byte all-reduce + "
                                      "commit(); baseline = one bare 4-byte all-reduce; blocks alternate ABBA in one "
                                      "generation; medians over blocks; traces off"])
 
