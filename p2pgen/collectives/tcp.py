@@ -38,6 +38,7 @@ import numpy as np
 
 from p2pgen.collectives.backend import REDUCTIONS, ReduceOp, as_op, check_reduction, splits
 from p2pgen.collectives.buffers import Flat, combine, divide
+from p2pgen.collectives.shm import ShmAllReduce
 from p2pgen.errors import BarrierTimeout, PeerLost
 from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
 
@@ -57,6 +58,8 @@ class TcpBackend:
         self._inline_bytes = min(256 << 10, buf // 4) if buf else 64 << 10
         self._scratch = [np.empty(self._chunk_bytes, np.uint8) for _ in range(_SCRATCH_SLOTS)]
         self._join(tuple(range(group.world)), group.rank, seq_tag=0)
+        self._shm: ShmAllReduce | None = ShmAllReduce(group.rank, group.world,
+                                                      len({m.host for m in group.members}) == 1, self._links)
 
     def _join(self, members: tuple[int, ...], rank: int, seq_tag: int) -> None:
         """Become the communicator of `members` (session ranks, in order), as member `rank` of them."""
@@ -78,6 +81,7 @@ class TcpBackend:
             raise ValueError(f"rank {self.rank} is not in subgroup {list(ranks)}: only members create it")
         sub = object.__new__(TcpBackend)
         sub.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_work")})
+        sub._shm = None                     # a subgroup's all_reduce takes the ring
         members = tuple(self.members[r] for r in ranks)
         sub._join(members, ranks.index(self.rank), seq_tag=1 + zlib.crc32(repr(members).encode()) % 0xFFFF)
         return sub
@@ -92,6 +96,12 @@ class TcpBackend:
         return None if error is None else str(error)
 
     @property
+    def shm_active(self) -> bool:
+        """Whether this generation's all_reduce runs through shared memory (every member on this host and
+        the segment set up by an earlier call; see `p2pgen.collectives.shm`)."""
+        return self._shm is not None and self._shm.active
+
+    @property
     def op_seq(self) -> int:
         """Collectives started in this generation (the same number on every member after each one)."""
         return self._op_seq
@@ -102,6 +112,9 @@ class TcpBackend:
         check_reduction("all_reduce", op, flat.dtype_name)
         with self.session.operation("all_reduce"):
             seq = self._next_seq()
+            shm = self._shm
+            if shm is not None and shm.takes(flat.raw.nbytes) and shm.all_reduce(seq, op, flat):
+                return buf
             if self.world > 1 and flat.size:
                 # In place, `work` is the caller's buffer: safe for the ring, because a region is
                 # overwritten only by a frame that causally follows every send of its old bytes.

@@ -1,7 +1,7 @@
 """Test double: a data-plane member in its own process, driven by its parent over a pipe.
 
 Messages from the parent: ("group", generation, endpoints, self_index), ("exit",). The member reports
-("port", port), ("running",) after its first all_reduce, ("failed", error class, message, monotonic time)
+("port", port), ("running", shm_active) after its first all_reduce, ("failed", error class, message, monotonic time)
 when a collective raises, ("aborted", quiescence, open connections) and ("done", ok, connections open
 before the first collective) for the next generation. It all-reduces `rank + 1` in a loop until a
 collective fails, so a parent that SIGKILLs one member catches the others mid all-reduce.
@@ -53,5 +53,5 @@ def _loop_until_failure(pipe, backend: TcpBackend) -> None:
             pipe.send(("failed", type(e).__name__, str(e), time.monotonic()))
             return
         if not reported:
-            pipe.send(("running",))
+            pipe.send(("running", backend.shm_active))
             reported = True

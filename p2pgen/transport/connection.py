@@ -130,6 +130,12 @@ class Connection:
         hooks.frame_moved(hooks.COLLECTIVE, "posted", kind, op_seq, chunk, payload.nbytes, self.peer)
         return ticket
 
+    @property
+    def idle(self) -> bool:
+        """Whether the sender thread has no frame queued or in flight, so that an inline send now cannot
+        interleave with one of its sends."""
+        return self._sent == self._posted
+
     def is_sent(self, ticket: int) -> bool:
         """Whether the sender thread is done with frame `ticket` (and every frame posted before it), so its
         payload buffer may change. Never blocks: a caller that waited here for its own sender could close a

@@ -1,6 +1,7 @@
-"""SIGKILL one member of four in the middle of an all-reduce (real processes): every survivor raises
-within a bounded time, none hangs, and the old generation's connections are closed before the next
-generation's first collective, which then succeeds among the survivors."""
+"""SIGKILL one member of four in the middle of an all-reduce (real processes, through shared memory and
+around the ring): every survivor raises within a bounded time, none hangs, and the old generation's
+connections are closed before the next generation's first collective, which then succeeds among the
+survivors."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def _expect(pipe, kind: str, timeout: float = 20.0):
 
 
 @pytest.mark.timeout(60)
-def test_sigkill_mid_all_reduce_survivors_raise_and_regroup():
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "ring"])
+def test_sigkill_mid_all_reduce_survivors_raise_and_regroup(shm, monkeypatch):
+    monkeypatch.setenv("P2PGEN_SHM", shm)         # the members are spawned with this environment
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     try:
@@ -42,7 +45,7 @@ def test_sigkill_mid_all_reduce_survivors_raise_and_regroup():
         for i, pipe in enumerate(pipes):
             pipe.send(("group", 1, endpoints, i))
         for pipe in pipes:
-            _expect(pipe, "running")
+            assert _expect(pipe, "running")[1] == (shm == "1")
         time.sleep(0.1)
         killed_at = time.monotonic()
         os.kill(procs[VICTIM].pid, signal.SIGKILL)

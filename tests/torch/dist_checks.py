@@ -332,10 +332,12 @@ def check_bad_arguments_raise_at_the_call(m: Member) -> None:
 def check_generation_change_mid_collective(m: Member) -> None:
     """Every member but the last enters an all_reduce the last never joins; rank 0's generation is then
     retired: its Work fails with GenerationChanged and leaves the buffer untouched, the others fail
-    as rank 0 hangs up, and the same torch group then runs in generation 2."""
+    as rank 0 hangs up, and the same torch group then runs in generation 2. The buffer is below
+    shm.MIN_BYTES, so the all_reduce takes the ring, in which rank 0 sends only to its successor (through
+    shared memory rank 0 would also message the last member, whose irecv would then fail as malformed)."""
     assert m.world >= 3, "the last member must not be rank 0's ring successor"
     old, last = m.backend, m.world - 1
-    t = torch.full((1 << 18,), 3.0)
+    t = torch.full((1 << 13,), 3.0)
     if m.rank == last:
         work = dist.irecv(torch.zeros(1), src=0)     # rank 0 sends nothing: ends when rank 0 retires G1
     else:
@@ -351,7 +353,7 @@ def check_generation_change_mid_collective(m: Member) -> None:
         _expect_error((PeerLost, GenerationChanged), work.wait)
         old.abort("generation 2 proposed")
     assert work.is_completed()
-    assert torch.equal(t, torch.full((1 << 18,), 3.0)), "a failed all_reduce changed its buffer"
+    assert torch.equal(t, torch.full((1 << 13,), 3.0)), "a failed all_reduce changed its buffer"
     m.enter(2)
     t = torch.full((5,), float(m.rank))
     dist.all_reduce(t)

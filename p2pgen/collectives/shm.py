@@ -1,0 +1,321 @@
+"""all_reduce through shared memory, for a generation whose members all run on one host.
+
+Owns: one generation's shared segment (made by rank 0, mapped by every member, unlinked as soon as all of
+them mapped it or gave up) and the algorithm over it. The buffer is cut into pieces of `PIECE_BYTES`; for
+each piece every member copies its input into its own input slot, a barrier passes, and every member reduces
+its own share of the piece (1/world of it) from all inputs, in rank order, into the segment's output region.
+After the last piece a final barrier passes and every member copies the whole output region into its buffer.
+Per member and call that is one copy in, one read of 1/world of everyone's input, one copy out: no kernel
+socket copies and no payload hashing, which is what a 64 MiB ring all_reduce on loopback spends most of its
+CPU on (see the README's data-plane section).
+
+Barriers are small stamped, checksummed frames over the generation's TCP links, in a star around rank 0:
+every member sends rank 0 an `arrive` frame naming the piece and the call's size, dtype and op; rank 0 checks
+them and answers each with a `go` frame. So a peer that dies, stops or is aborted fails the call exactly as
+it fails a ring (the links carry the failure), and no member polls.
+
+Invariants:
+- Bit-identical results: each element is reduced by exactly one member, in rank order, and every member
+  copies the same output bytes.
+- The caller's buffer is written only after the final barrier, that is after every member's share of every
+  piece is in the output region; a call that raises leaves it as it was passed.
+- A slot is overwritten only after every member has finished reading it: a member writes piece k's input
+  after the barrier of piece k-1, which every member reaches only after reducing piece k-2 (two slots); the
+  output region is written only after the first barrier of a call, which every member reaches only after
+  copying out the previous call's result.
+- Whether a call takes this path is decided the same way on every member: from the call's size, constants
+  of this module, and the outcome of the setup exchange, which rank 0 announces to everyone. A member that
+  cannot map the segment (another host, a private /dev/shm, P2PGEN_SHM=0, no space) makes the whole
+  generation use the ring instead.
+- The segment is a new file per generation (and per growth), created exclusively, mode 0600, under a name
+  with 128 random bits, and carries that token in its header, which every member checks after mapping it;
+  segments a killed rank 0 could not unlink are removed by the next rank 0 of the same user on the host.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import secrets
+import struct
+import zlib
+from typing import Callable
+
+import numpy as np
+
+from p2pgen.collectives.backend import ReduceOp
+from p2pgen.collectives.buffers import Flat, combine, divide
+from p2pgen.errors import ProtocolError
+from p2pgen.transport import Connection, FrameKind, RecvSlot
+
+SHM_DIR = "/dev/shm"
+ENV = "P2PGEN_SHM"                # "0": never use shared memory (every member then uses the ring)
+MIN_BYTES = 64 << 10              # smaller calls take the ring: two barriers cost more than they save
+MAX_BYTES = 1 << 30               # larger calls take the ring rather than a segment this large
+PIECE_BYTES = 1 << 20             # per member and piece: a piece of four members is 4 MiB, in cache
+_SLOTS = 2
+_HEADER_BYTES = 4096
+_MAGIC = b"P2Dshm01"
+_NAME = re.compile(r"^p2pgen-(\d+)-(\d+)-[0-9a-f]{32}$")
+
+# Control messages: eight u64 words (kind, piece, nbytes, dtype, op, value, token_hi, token_lo).
+_ARRIVE, _GO, _SETUP, _MAPPED, _DECIDED = 1, 2, 3, 4, 5
+_WORDS = 8
+_SET_UP_PIECE = (1 << 64) - 1     # the piece number of the barrier that precedes a set-up
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+class ShmAllReduce:
+    """The shared-memory all_reduce of one generation's communicator (its top-level group only).
+
+    `links(ranks)` returns this member's connections to those ranks (made if need be, in an order that
+    cannot deadlock); rank 0 of the group coordinates.
+    """
+
+    def __init__(self, rank: int, world: int, same_host: bool,
+                 links: Callable[[list[int]], dict[int, Connection]]) -> None:
+        self.rank, self.world = rank, world
+        self._links = links
+        self._refused = not same_host or world < 2      # the generation decided (or must) use the ring
+        self.enabled = enabled()                        # this member offers shared memory (P2PGEN_SHM)
+        self._too_big = MAX_BYTES + 1                   # the smallest size a segment could not be made for
+        self._segment: _Segment | None = None
+        self._sent: dict[int, int] = {}
+        self._received: dict[int, int] = {}
+        self._msg = np.zeros(_WORDS, np.uint64)
+
+    @property
+    def active(self) -> bool:
+        return self._segment is not None
+
+    def takes(self, nbytes: int) -> bool:
+        """Whether an all_reduce of `nbytes` tries this path (the same answer on every member)."""
+        return not self._refused and MIN_BYTES <= nbytes < self._too_big
+
+    def all_reduce(self, seq: int, op: ReduceOp, flat: Flat) -> bool:
+        """Reduce `flat` in place; False (nothing written, every member told) if the ring must do it."""
+        self._sent, self._received = {}, {}
+        nbytes, tag = flat.raw.nbytes, _call_tag(flat, op)
+        if self._segment is None or self._segment.capacity < nbytes:
+            # Agree on the call before setting up: members always send to rank 0 first, so calls that
+            # disagree (one member needing a set-up, another not) fail here instead of waiting on each other.
+            self._barrier(seq, _SET_UP_PIECE, nbytes, tag)
+            if not self._set_up(seq, nbytes):
+                return False
+        seg = self._segment
+        pe = PIECE_BYTES // flat.elems.itemsize
+        pieces = range(0, flat.size, pe)
+        out = seg.output(flat.elems.dtype, flat.size)
+        for k, lo in enumerate(pieces):
+            hi = min(flat.size, lo + pe)
+            slot = k % _SLOTS
+            np.copyto(seg.input(self.rank, slot, flat.elems.dtype, hi - lo), flat.elems[lo:hi])
+            self._barrier(seq, k, nbytes, tag)
+            self._reduce_share(seg, slot, op, flat, out[lo:hi])
+        self._barrier(seq, len(pieces), nbytes, tag)
+        np.copyto(flat.elems, out)
+        return True
+
+    def _reduce_share(self, seg: "_Segment", slot: int, op: ReduceOp, flat: Flat, out: np.ndarray) -> None:
+        n = len(out)
+        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        if lo == hi:
+            return
+        dtype = flat.elems.dtype
+        inputs = [seg.input(r, slot, dtype, n)[lo:hi] for r in range(self.world)]
+        dest = out[lo:hi]
+        combine(op, flat.bf16, dest, inputs[0], inputs[1])
+        for more in inputs[2:]:
+            combine(op, flat.bf16, dest, dest, more)
+        if op is ReduceOp.AVG:
+            divide(flat.bf16, dest, self.world)
+
+    # ---- barriers ------------------------------------------------------------------------------
+    def _barrier(self, seq: int, piece: int, nbytes: int, tag: int) -> None:
+        """Returns once every member has called it for `piece` of the same call (size, dtype and op)."""
+        if self.rank:
+            self._send(0, seq, _ARRIVE, piece, nbytes, tag)
+            self._expect(0, seq, _GO, piece, nbytes, tag)
+            return
+        others = range(1, self.world)
+        for r in others:
+            self._expect(r, seq, _ARRIVE, piece, nbytes, tag)
+        for r in others:
+            self._send(r, seq, _GO, piece, nbytes, tag)
+
+    def _send(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int, value: int = 0,
+              token: tuple[int, int] = (0, 0)) -> None:
+        conn = self._links([rank])[rank]
+        msg = np.array([kind, piece, nbytes, tag & 0xFFFFFFFF, tag >> 32, value, *token], np.uint64)
+        chunk = self._sent.get(rank, 0)
+        self._sent[rank] = chunk + 1
+        conn.post(FrameKind.COLLECTIVE, seq, chunk, msg.view(np.uint8), inline=conn.idle)
+
+    def _receive(self, rank: int, seq: int) -> np.ndarray:
+        conn = self._links([rank])[rank]
+        chunk = self._received.get(rank, 0)
+        self._received[rank] = chunk + 1
+        stamp = (FrameKind.COLLECTIVE, seq, chunk)
+        slot = RecvSlot(memoryview(self._msg.view(np.uint8)))
+        conn.recv_into(slot, *stamp)
+        slot.take(stamp)
+        return self._msg
+
+    def _expect(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int) -> np.ndarray:
+        msg = self._receive(rank, seq)
+        got = (int(msg[0]), int(msg[1]), int(msg[2]), int(msg[3]) | int(msg[4]) << 32)
+        if got != (kind, piece, nbytes, tag):
+            raise ProtocolError(f"all_reduce through shared memory: rank {rank} sent message {got[0]} for piece "
+                                f"{got[1]} of a {got[2]}-byte call (dtype/op tag {got[3]:#x}); this member "
+                                f"expected message {kind} for piece {piece} of a {nbytes}-byte call (tag "
+                                f"{tag:#x}): do all members call the same collectives, in the same order, "
+                                "with the same shapes, dtypes and ops?")
+        return msg
+
+    # ---- the segment ---------------------------------------------------------------------------
+    def _set_up(self, seq: int, nbytes: int) -> bool:
+        """Make (rank 0) and map (everyone) a segment with room for `nbytes` of output; False if some member
+        could not, and then every member uses the ring for this call (and, at this size, for good)."""
+        capacity = max(PIECE_BYTES, 1 << (nbytes - 1).bit_length())
+        size = _HEADER_BYTES + self.world * _SLOTS * PIECE_BYTES + capacity
+        if self.rank == 0:
+            ok = self._create_and_share(seq, nbytes, capacity, size)
+        else:
+            ok = self._map_shared(seq, nbytes, capacity, size)
+        if not ok:
+            if self._segment is None:
+                self._refused = True
+            self._too_big = min(self._too_big, nbytes)
+        return ok
+
+    def _create_and_share(self, seq: int, nbytes: int, capacity: int, size: int) -> bool:
+        token = secrets.token_bytes(16)
+        hi, lo = struct.unpack(">QQ", token)
+        path = _segment_path(os.getpid(), token)
+        segment = _Segment.create(path, token, size, capacity, self.world) if self.enabled else None
+        try:
+            for r in range(1, self.world):       # value: the maker's pid (part of the name), 0 if it has none
+                self._send(r, seq, _SETUP, 0, nbytes, capacity, value=os.getpid() if segment else 0, token=(hi, lo))
+            mapped = [int(self._expect(r, seq, _MAPPED, 0, nbytes, capacity)[5]) for r in range(1, self.world)]
+        finally:
+            _unlink(path)
+        ok = segment is not None and all(mapped)
+        for r in range(1, self.world):
+            self._send(r, seq, _DECIDED, 0, nbytes, capacity, value=int(ok))
+        if ok:
+            self._segment = segment
+        return ok
+
+    def _map_shared(self, seq: int, nbytes: int, capacity: int, size: int) -> bool:
+        msg = self._expect_kind(seq, _SETUP, nbytes, capacity)
+        token = struct.pack(">QQ", int(msg[6]), int(msg[7]))
+        segment = None
+        if int(msg[5]) and self.enabled:
+            segment = _Segment.attach(_segment_path(int(msg[5]), token), token, size, capacity, self.world)
+        self._send(0, seq, _MAPPED, 0, nbytes, capacity, value=int(segment is not None))
+        ok = bool(int(self._expect_kind(seq, _DECIDED, nbytes, capacity)[5]))
+        if ok:
+            self._segment = segment
+        return ok
+
+    def _expect_kind(self, seq: int, kind: int, nbytes: int, capacity: int) -> np.ndarray:
+        return self._expect(0, seq, kind, 0, nbytes, capacity).copy()
+
+
+class _Segment:
+    """A mapped segment: header, `world` x 2 input slots of PIECE_BYTES, then `capacity` bytes of output."""
+
+    def __init__(self, mm: mmap.mmap, capacity: int, world: int) -> None:
+        self.capacity = capacity
+        self._buf = np.frombuffer(mm, np.uint8)
+        self._inputs = _HEADER_BYTES
+        self._output = _HEADER_BYTES + world * _SLOTS * PIECE_BYTES
+
+    @classmethod
+    def create(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> "_Segment | None":
+        """A new segment at `path` with `size` bytes reserved (so a full /dev/shm fails here, not as a SIGBUS
+        later); None if it cannot be made."""
+        _remove_orphans()
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return None
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size)
+        except OSError:
+            _unlink(path)
+            return None
+        finally:
+            os.close(fd)
+        mm[:len(_MAGIC) + len(token)] = _MAGIC + token
+        return cls(mm, capacity, world)
+
+    @classmethod
+    def attach(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> "_Segment | None":
+        """The segment rank 0 made, if it is at `path` on this host, has `size` bytes and carries `token`."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != size:
+                return None
+            mm = mmap.mmap(fd, size)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if mm[:len(_MAGIC) + len(token)] != _MAGIC + token:
+            mm.close()
+            return None
+        return cls(mm, capacity, world)
+
+    def input(self, rank: int, slot: int, dtype: np.dtype, count: int) -> np.ndarray:
+        at = self._inputs + (rank * _SLOTS + slot) * PIECE_BYTES
+        return self._buf[at:at + count * dtype.itemsize].view(dtype)
+
+    def output(self, dtype: np.dtype, count: int) -> np.ndarray:
+        return self._buf[self._output:self._output + count * dtype.itemsize].view(dtype)
+
+
+def _call_tag(flat: Flat, op: ReduceOp) -> int:
+    return zlib.crc32(f"{flat.dtype_name}/{op.value}".encode())
+
+
+def _segment_path(maker_pid: int, token: bytes) -> str:
+    return os.path.join(SHM_DIR, f"p2pgen-{os.getuid()}-{maker_pid}-{token.hex()}")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_orphans() -> None:
+    """Unlink this user's segments whose maker is gone (killed between making and unlinking one)."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    uid = str(os.getuid())
+    for name in names:
+        m = _NAME.match(name)
+        if m is None or m.group(1) != uid or _alive(int(m.group(2))):
+            continue
+        _unlink(os.path.join(SHM_DIR, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
