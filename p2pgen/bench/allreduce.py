@@ -32,6 +32,7 @@ class Row:
     gloo_s: float | None
     ratio_min: float | None = None     # min and max over the rounds of that round's gloo time / p2pgen time
     ratio_max: float | None = None
+    path: str = "ring"                 # how p2pgen's all_reduce ran: "shm" (shared memory) or "ring" (TCP)
 
 
 def parse_size(text: str) -> int:
@@ -48,25 +49,30 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True, rounds: int = 11) -> list[Row]:
+        gloo: bool = True, rounds: int = 11, shm: bool = True) -> list[Row]:
+    """`shm=False` starts p2pgen's workers with P2PGEN_SHM=0, so that every size takes the TCP ring."""
     plan = [(s, iters or iterations(s)) for s in sizes]
-    groups = {"p2pgen": _Group(world, "p2pgen", chunk_bytes)}
+    groups = {"p2pgen": _Group(world, "p2pgen", chunk_bytes, shm)}
+    paths: dict[int, str] = {}
     try:
         if gloo:
-            groups["gloo"] = _Group(world, "gloo", chunk_bytes)
+            groups["gloo"] = _Group(world, "gloo", chunk_bytes, shm)
         times: dict[str, list[list[float]]] = {name: [[] for _ in plan] for name in groups}
         for i, (size, n) in enumerate(plan):
             for k in range(rounds):
                 names = list(groups) if k % 2 == 0 else list(groups)[::-1]    # who goes first alternates
                 for name in names:
-                    times[name][i].append(groups[name].time(size, n))
+                    seconds, on_shm = groups[name].time(size, n)
+                    times[name][i].append(seconds)
+                    if name == "p2pgen":
+                        paths[i] = "shm" if on_shm else "ring"
     finally:
         for group in groups.values():
             group.close()
     med = {name: [statistics.median(t) for t in ts] for name, ts in times.items()}
     rows = []
     for i, (s, _) in enumerate(plan):
-        row = Row(s, s // 4, med["p2pgen"][i], med["gloo"][i] if gloo else None)
+        row = Row(s, s // 4, med["p2pgen"][i], med["gloo"][i] if gloo else None, path=paths[i])
         if gloo:
             ratios = [g / p for p, g in zip(times["p2pgen"][i], times["gloo"][i])]
             row.ratio_min, row.ratio_max = min(ratios), max(ratios)
@@ -80,17 +86,19 @@ def busbw(world: int, size: int, seconds: float) -> float:
 
 def format_table(world: int, rows: list[Row]) -> str:
     head = (f"# all_reduce sum float32, world {world} on 127.0.0.1, {os.cpu_count()} CPUs\n"
-            f"# {'':>24}{'p2pgen tcp':^36}{'torch gloo':^36}\n"
+            f"# {'':>24}{'p2pgen':^36}{'torch gloo':^36}\n"
             f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} " * 2
-            + f"{'busbw ratio':>11} {'per round':>11}")
+            + f"{'busbw ratio':>11} {'per round':>11} {'p2pgen path':>11}")
     lines = [head]
     for r in rows:
         cells = [f"{r.size:>14} {r.count:>10} ", _cells(world, r.size, r.p2pgen_s)]
         cells.append(_cells(world, r.size, r.gloo_s))
         cells.append(f"{r.gloo_s / r.p2pgen_s:>11.2f}" if r.gloo_s else f"{'-':>11}")
         spread = f"{r.ratio_min:.2f}..{r.ratio_max:.2f}" if r.ratio_min is not None else "-"
-        cells.append(f" {spread:>11}")
+        cells.append(f" {spread:>11} {r.path:>11}")
         lines.append("".join(cells))
+    lines.append("# p2pgen path: shm = shared memory (every rank on this host), ring = the TCP ring (other hosts, "
+                 "or P2PGEN_SHM=0; `--no-shm` measures it)")
     return "\n".join(lines)
 
 
@@ -114,14 +122,14 @@ def to_json(world: int, rows: list[Row]) -> str:
 class _Group:
     """`world` worker processes of one backend, idle between the sizes they are told to time."""
 
-    def __init__(self, world: int, backend: str, chunk_bytes: int) -> None:
+    def __init__(self, world: int, backend: str, chunk_bytes: int, shm: bool) -> None:
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         store_port = _free_port() if backend == "gloo" else 0
         try:
             for rank in range(world):
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_worker, args=(child, backend, rank, world, chunk_bytes, store_port),
+                p = ctx.Process(target=_worker, args=(child, backend, rank, world, chunk_bytes, store_port, shm),
                                 daemon=True)
                 p.start()
                 self.pipes.append(parent)
@@ -134,10 +142,12 @@ class _Group:
             self.close()
             raise
 
-    def time(self, size: int, iters: int) -> float:
+    def time(self, size: int, iters: int) -> tuple[float, bool]:
+        """The slowest rank's mean seconds per call, and whether rank 0's calls ran through shared memory."""
         for pipe in self.pipes:
             pipe.send((size, iters))
-        return max(pipe.recv() for pipe in self.pipes)
+        reports = [pipe.recv() for pipe in self.pipes]
+        return max(seconds for seconds, _ in reports), reports[0][1]
 
     def close(self) -> None:
         for pipe in self.pipes:
@@ -152,18 +162,20 @@ class _Group:
                 p.join(5)
 
 
-def _worker(pipe, backend: str, rank: int, world: int, chunk_bytes: int, store_port: int) -> None:
+def _worker(pipe, backend: str, rank: int, world: int, chunk_bytes: int, store_port: int, shm: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if not shm:
+        os.environ["P2PGEN_SHM"] = "0"
     import torch
 
     torch.set_num_threads(1)
     if backend == "p2pgen":
-        step, close = _p2pgen_step(pipe, rank, world, chunk_bytes)
+        step, close, on_shm = _p2pgen_step(pipe, rank, world, chunk_bytes)
     else:
-        step, close = _gloo_step(rank, world, store_port)
+        (step, close), on_shm = _gloo_step(rank, world, store_port), lambda: False
     try:
         while (job := pipe.recv()) is not None:
-            pipe.send(_time(step, *job))
+            pipe.send((_time(step, *job), on_shm()))
     finally:
         close()
 
@@ -193,7 +205,7 @@ def _p2pgen_step(pipe, rank: int, world: int, chunk_bytes: int):
     ports = pipe.recv()
     members = [Endpoint(f"bench{i}", i + 1, "127.0.0.1", ports[i]) for i in range(world)]
     backend = TcpBackend(transport, Group(JOB, 1, members, rank))
-    return backend.all_reduce, transport.close
+    return backend.all_reduce, transport.close, lambda: backend.shm_active
 
 
 def _gloo_step(rank: int, world: int, store_port: int):

@@ -21,13 +21,15 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_allreduce(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("allreduce", help="all_reduce: p2pgen tcp vs torch gloo (nccl-tests style table)")
+    p = sub.add_parser("allreduce", help="all_reduce: p2pgen vs torch gloo (nccl-tests style table)")
     p.add_argument("--world", type=int, default=4, help="processes on this machine (default 4)")
     p.add_argument("--sizes", nargs="+", default=["8", "4K", "64K", "1M", "16M", "64M"],
                    help="buffer sizes in bytes, with K/M/G suffixes (default: 8 4K 64K 1M 16M 64M)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
     p.add_argument("--chunk", default="1M", help="p2pgen frame payload size (default 1M)")
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
+    p.add_argument("--no-shm", action="store_true", help="p2pgen without shared memory (P2PGEN_SHM=0): the TCP ring "
+                                                        "at every size, as between hosts")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
                                                   "(.png, .svg, .pdf; matplotlib from the sim extra)")
@@ -45,7 +47,8 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     if args.world < 1:
         raise SystemExit("p2pgen bench allreduce: --world must be at least 1")
     plots = _plots_module("allreduce") if args.plot else None
-    rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo)
+    rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
+                         shm=not args.no_shm)
     print(allreduce.to_json(args.world, rows) if args.json else allreduce.format_table(args.world, rows))
     if plots is not None:
         plots.plot_allreduce(args.world, rows, allreduce.busbw, args.plot)

@@ -29,7 +29,7 @@ def plot_allreduce(world: int, rows: list[Any], busbw: Any, path: str) -> None:
     """Bus bandwidth and time per all_reduce against the buffer size, p2pgen beside torch gloo."""
     sizes = [r.size for r in rows]
     fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(12, 4.8))
-    series = [("p2pgen tcp", [r.p2pgen_s for r in rows], OURS, "o")]
+    series = [("p2pgen", [r.p2pgen_s for r in rows], OURS, "o")]
     if any(r.gloo_s is not None for r in rows):
         series.append(("torch gloo (baseline)", [r.gloo_s for r in rows], BASE, "s"))
     for label, seconds, color, marker in series:

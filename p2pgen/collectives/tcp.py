@@ -1,7 +1,8 @@
 """The `tcp` backend: ring collectives over one generation's Session of the CPU data plane.
 
 Algorithms (N members, rank r, buffers cut into N near-equal chunks, chunks into frames of at most
-`chunk_bytes`): reduce-scatter then all-gather around the ring for all_reduce; the reduce-scatter half for
+`chunk_bytes`): all_reduce through shared memory when every member runs on this host (`shm`, 64 KiB and up,
+top-level group), else reduce-scatter then all-gather around the ring; the reduce-scatter half for
 reduce_scatter; the all-gather half for all_gather; a pipelined chain from the root for broadcast. Each
 received frame is reduced and forwarded at once, so the sender thread streams frame k+1 while the caller
 reduces frame k. Frames are checksummed when posted, right after the reduction wrote them (cache-hot);
@@ -40,7 +41,7 @@ from p2pgen.collectives.backend import REDUCTIONS, ReduceOp, as_op, check_reduct
 from p2pgen.collectives.buffers import Flat, combine, divide
 from p2pgen.collectives.shm import ShmAllReduce
 from p2pgen.errors import BarrierTimeout, PeerLost
-from p2pgen.transport import Connection, FrameKind, Group, RecvSlot, Transport
+from p2pgen.transport import PROVED, Connection, FrameKind, Group, RecvSlot, Transport
 
 
 class TcpBackend:
@@ -322,10 +323,13 @@ class TcpBackend:
 
     def abort(self, reason: str) -> str:
         """Retire this generation; in-flight collectives raise GenerationChanged. Returns the quiescence."""
-        return self.session.abort(reason)
+        quiescence = self.session.abort(reason)
+        if quiescence == PROVED and self._shm is not None:
+            self._shm.release()          # no worker can touch the segment any more: unmap it now
+        return quiescence
 
     def close(self) -> None:
-        self.session.abort("communicator closed by its owner")
+        self.abort("communicator closed by its owner")
 
     # ---- ring algorithms -----------------------------------------------------------------------
     def _reduce_scatter(self, pipe: "_Pipe", op: ReduceOp, flat: Flat, src: np.ndarray, work: np.ndarray,

@@ -25,16 +25,26 @@ def test_busbw_follows_nccl_tests():
 
 
 def test_table_has_both_backends_and_the_ratio():
-    table = allreduce.format_table(4, [allreduce.Row(4096, 1024, 0.001, 0.002, 1.5, 2.5)])
-    assert "p2pgen tcp" in table and "torch gloo" in table and "busbw ratio" in table and "per round" in table
-    assert table.splitlines()[-1].split()[-2:] == ["2.00", "1.50..2.50"]
+    table = allreduce.format_table(4, [allreduce.Row(4096, 1024, 0.001, 0.002, 1.5, 2.5, "shm")])
+    assert "p2pgen" in table and "torch gloo" in table and "busbw ratio" in table and "per round" in table
+    assert table.splitlines()[-2].split()[-3:] == ["2.00", "1.50..2.50", "shm"]
 
 
 @pytest.mark.timeout(90)
 def test_cli_runs_a_tiny_benchmark_against_gloo(capsys):
-    rc = cli.main(["bench", "allreduce", "--world", "2", "--sizes", "4K", "--iters", "5", "--json"])
+    rc = cli.main(["bench", "allreduce", "--world", "2", "--sizes", "4K", "128K", "--iters", "5", "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    (row,) = doc["rows"]
-    assert row["size"] == 4096 and row["p2pgen_s"] > 0 and row["gloo_s"] > 0
-    assert 0 < row["ratio_min"] <= row["ratio_max"]
+    small, large = doc["rows"]
+    assert small["size"] == 4096 and small["p2pgen_s"] > 0 and small["gloo_s"] > 0
+    assert 0 < small["ratio_min"] <= small["ratio_max"]
+    assert (small["path"], large["path"]) == ("ring", "shm")     # below and above shm.MIN_BYTES
+
+
+@pytest.mark.timeout(90)
+def test_cli_without_shared_memory_takes_the_ring(capsys):
+    rc = cli.main(["bench", "allreduce", "--world", "2", "--sizes", "128K", "--iters", "5", "--no-gloo",
+                   "--no-shm", "--json"])
+    assert rc == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["path"] == "ring" and row["gloo_s"] is None

@@ -21,7 +21,7 @@ from p2pgen.transport import Group, hooks
 pytestmark = pytest.mark.timeout(60)
 
 PIECE_ELEMS = shm.PIECE_BYTES // 4
-SIZES = [shm.MIN_BYTES, 3 * shm.PIECE_BYTES + 12345 * 8]     # bytes: one piece; several, the last one short
+SIZES = [shm.MIN_BYTES, 2 * shm.PIECE_BYTES + 12345 * 8]     # bytes: one piece; several, the last one short
 
 
 def _inputs(world: int, n: int, dtype: str) -> list[np.ndarray]:
@@ -221,3 +221,11 @@ def _dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+def test_an_abort_that_proves_quiescence_releases_the_segment():
+    with LocalCluster(2) as cluster:
+        backends = cluster.backends(generation=1)
+        assert cluster.run(lambda b: _sum_of_ranks(b, PIECE_ELEMS), backends) == [(True, True)] * 2
+        assert [b.abort("next generation") for b in backends] == ["proved", "proved"]
+        assert not any(b.shm_active for b in backends)
