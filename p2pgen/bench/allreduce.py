@@ -5,8 +5,8 @@ every size, `rounds` rounds of (p2pgen, gloo) (which one goes first alternates),
 calls after a warm-up. A round's time is the slowest rank's mean; a size's time is the median over its
 rounds, and the table adds the min..max over the rounds of each round's ratio. Interleaving at that grain
 exposes both backends to the same background load on a shared machine, which a run of one backend after
-the other does not; 11 rounds by default, because with 3 the median ratio at 64 MiB moved by 0.2 or more
-between runs on a shared 2-core machine. As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
+the other does not; 21 rounds by default: with 3 the median ratio at 64 MiB moved by 0.2 or more between
+runs on a shared 2-core machine, with 11 it still moved by 9 % (2.01-2.20, world 4, three runs). As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
 (what each link carries in a ring all-reduce).
 """
 
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 JOB = "bench-allreduce"
+ROUNDS = 21
 
 
 @dataclass
@@ -49,7 +50,7 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True, rounds: int = 11, shm: bool = True) -> list[Row]:
+        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True) -> list[Row]:
     """`shm=False` starts p2pgen's workers with P2PGEN_SHM=0, so that every size takes the TCP ring."""
     plan = [(s, iters or iterations(s)) for s in sizes]
     groups = {"p2pgen": _Group(world, "p2pgen", chunk_bytes, shm)}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from p2pgen.bench.allreduce import ROUNDS
+
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, side by side with their baselines")
@@ -27,6 +29,8 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
                    help="buffer sizes in bytes, with K/M/G suffixes (default: 8 4K 64K 1M 16M 64M)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
     p.add_argument("--chunk", default="1M", help="p2pgen frame payload size (default 1M)")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds per size; the table gives the "
+                                                             f"median (default {ROUNDS})")
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
     p.add_argument("--no-shm", action="store_true", help="p2pgen without shared memory (P2PGEN_SHM=0): the TCP ring "
                                                         "at every size, as between hosts")
@@ -44,11 +48,11 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         chunk = allreduce.parse_size(args.chunk)
     except ValueError as e:
         raise SystemExit(f"p2pgen bench allreduce: {e}") from None
-    if args.world < 1:
-        raise SystemExit("p2pgen bench allreduce: --world must be at least 1")
+    if args.world < 1 or args.rounds < 1:
+        raise SystemExit("p2pgen bench allreduce: --world and --rounds must be at least 1")
     plots = _plots_module("allreduce") if args.plot else None
     rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
-                         shm=not args.no_shm)
+                         shm=not args.no_shm, rounds=args.rounds)
     print(allreduce.to_json(args.world, rows) if args.json else allreduce.format_table(args.world, rows))
     if plots is not None:
         plots.plot_allreduce(args.world, rows, allreduce.busbw, args.plot)
