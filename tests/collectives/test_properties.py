@@ -1,6 +1,6 @@
-"""Property test: for random shapes, dtypes, world sizes 1-5, collectives, ops (every one the dtype takes)
-and all_to_all layouts, every member's result equals the numpy reference, and all members of a replicating
-collective hold the same bits."""
+"""Property test: for random shapes (some around the shared-memory all_reduce's smallest size), dtypes,
+world sizes 1-5, collectives, ops (every one the dtype takes) and all_to_all layouts, every member's result
+equals the numpy reference, and all members of a replicating collective hold the same bits."""
 
 from __future__ import annotations
 
@@ -24,8 +24,11 @@ def cases(draw):
         op = "sum"
     layout = draw(st.sampled_from(conformance.LAYOUTS)) if collective == "all_to_all" else "even"
     shape = tuple(draw(st.lists(st.integers(0, 40), min_size=0, max_size=3)))
-    if draw(st.booleans()):
+    size = draw(st.sampled_from(["small", "frames", "shm"]))
+    if size == "frames":
         shape = (draw(st.integers(0, 5000)),)   # spans several 4 KiB frames
+    elif size == "shm":
+        shape = (draw(st.integers(40_000, 70_000)),)   # around shm.MIN_BYTES for every element size
     torch = dtype == "bfloat16" or draw(st.booleans())
     case = conformance.Case(collective, shape, dtype, op, root=draw(st.integers(0, 4)),
                             seed=draw(st.integers(0, 2**32 - 1)), torch=torch, layout=layout)

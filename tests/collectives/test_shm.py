@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from p2pgen.collectives import shm
+from p2pgen.collectives.backend import REDUCTIONS
 from p2pgen.errors import P2PGenError, PeerLost, ProtocolError
+from p2pgen.testing import conformance
 from p2pgen.testing.cluster import LocalCluster
 from p2pgen.transport import Group, hooks
 
@@ -229,3 +231,18 @@ def test_an_abort_that_proves_quiescence_releases_the_segment():
         assert cluster.run(lambda b: _sum_of_ranks(b, PIECE_ELEMS), backends) == [(True, True)] * 2
         assert [b.abort("next generation") for b in backends] == ["proved", "proved"]
         assert not any(b.shm_active for b in backends)
+
+
+def test_every_reduction_the_backend_takes_passes_the_conformance_reference():
+    """Every (op, dtype) pair of `backend.REDUCTIONS`, at 70 000 elements (above shm.MIN_BYTES for every
+    element size), against the conformance suite's exact reference, bit-identical on every member."""
+    world = 3
+    with LocalCluster(world) as cluster:
+        backends = cluster.backends(generation=1)
+        for op, dtypes in REDUCTIONS.items():
+            for dtype in sorted(dtypes):
+                case = conformance.Case("all_reduce", (70_000,), dtype, op.value, seed=len(dtype),
+                                        torch=dtype == "bfloat16")
+                digests = cluster.run(lambda b, case=case: conformance.run_case(b, case), backends)
+                conformance.check_identical(digests, case)
+        assert all(b.shm_active for b in backends)
