@@ -25,8 +25,8 @@ Invariants:
   copying out the previous call's result.
 - Whether a call takes this path is decided the same way on every member: from the call's size, constants
   of this module, and the outcome of the setup exchange, which rank 0 announces to everyone. A member that
-  cannot map the segment (another host, a private /dev/shm, P2PGEN_SHM=0, no space) makes the whole
-  generation use the ring instead.
+  cannot map the segment (another host, a private /dev/shm, P2PGEN_SHM=0) makes the whole generation use
+  the ring instead, and so does a segment that would take more than half of the free space of /dev/shm.
 - The segment is a new file per generation (and per growth), created exclusively, mode 0600, under a name
   with 128 random bits, and carries that token in its header, which every member checks after mapping it;
   segments a killed rank 0 could not unlink are removed by the next rank 0 of the same user on the host.
@@ -256,8 +256,11 @@ class _Segment:
     @classmethod
     def create(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> "_Segment | None":
         """A new segment at `path` with `size` bytes reserved (so a full /dev/shm fails here, not as a SIGBUS
-        later); None if it cannot be made."""
+        later); None if it cannot be made, or if it would take more than half of the space left (the
+        host's other users of /dev/shm, such as the local copy of the state, keep the rest)."""
         _remove_orphans()
+        if _free_bytes() < 2 * size:
+            return None
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
@@ -314,6 +317,14 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _free_bytes() -> int:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def _remove_orphans() -> None:

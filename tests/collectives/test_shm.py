@@ -246,3 +246,10 @@ def test_every_reduction_the_backend_takes_passes_the_conformance_reference():
                 digests = cluster.run(lambda b, case=case: conformance.run_case(b, case), backends)
                 conformance.check_identical(digests, case)
         assert all(b.shm_active for b in backends)
+
+
+def test_a_segment_that_would_take_half_the_free_space_is_not_made(monkeypatch):
+    monkeypatch.setattr(shm, "_free_bytes", lambda: 3 * shm.PIECE_BYTES)
+    with LocalCluster(2) as cluster:
+        backends = cluster.backends(generation=1)
+        assert cluster.run(lambda b: _sum_of_ranks(b, PIECE_ELEMS), backends) == [(True, False)] * 2
