@@ -59,9 +59,11 @@ _HEADER_BYTES = 4096
 _MAGIC = b"P2Dshm01"
 _NAME = re.compile(r"^p2pgen-(\d+)-(\d+)-[0-9a-f]{32}$")
 
-# Control messages: eight u64 words (kind, piece, nbytes, dtype, op, value, token_hi, token_lo).
+# Control messages: seven u64 words (kind, piece, nbytes, tag, value, token_hi, token_lo); `tag` names the call's
+# dtype and op (a barrier) or the segment's capacity (a set-up).
 _ARRIVE, _GO, _SETUP, _MAPPED, _DECIDED = 1, 2, 3, 4, 5
-_WORDS = 8
+_KINDS = {_ARRIVE: "arrive", _GO: "go", _SETUP: "set-up", _MAPPED: "mapped", _DECIDED: "decided"}
+_WORDS = 7
 _SET_UP_PIECE = (1 << 64) - 1     # the piece number of the barrier that precedes a set-up
 
 
@@ -156,7 +158,7 @@ class ShmAllReduce:
     def _send(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int, value: int = 0,
               token: tuple[int, int] = (0, 0)) -> None:
         conn = self._links([rank])[rank]
-        msg = np.array([kind, piece, nbytes, tag & 0xFFFFFFFF, tag >> 32, value, *token], np.uint64)
+        msg = np.array([kind, piece, nbytes, tag, value, *token], np.uint64)
         chunk = self._sent.get(rank, 0)
         self._sent[rank] = chunk + 1
         conn.post(FrameKind.COLLECTIVE, seq, chunk, msg.view(np.uint8), inline=conn.idle)
@@ -173,13 +175,13 @@ class ShmAllReduce:
 
     def _expect(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int) -> np.ndarray:
         msg = self._receive(rank, seq)
-        got = (int(msg[0]), int(msg[1]), int(msg[2]), int(msg[3]) | int(msg[4]) << 32)
+        got = tuple(int(w) for w in msg[:4])
         if got != (kind, piece, nbytes, tag):
-            raise ProtocolError(f"all_reduce through shared memory: rank {rank} sent message {got[0]} for piece "
-                                f"{got[1]} of a {got[2]}-byte call (dtype/op tag {got[3]:#x}); this member "
-                                f"expected message {kind} for piece {piece} of a {nbytes}-byte call (tag "
-                                f"{tag:#x}): do all members call the same collectives, in the same order, "
-                                "with the same shapes, dtypes and ops?")
+            raise ProtocolError(f"all_reduce through shared memory: rank {rank} sent {_KINDS.get(got[0], got[0])!r} "
+                                f"for piece {got[1]} of a {got[2]}-byte call (tag {got[3]:#x}); this member expected "
+                                f"{_KINDS[kind]!r} for piece {piece} of a {nbytes}-byte call (tag {tag:#x}): do all "
+                                "members call the same collectives, in the same order, with the same shapes, "
+                                "dtypes and ops?")
         return msg
 
     # ---- the segment ---------------------------------------------------------------------------
@@ -206,7 +208,7 @@ class ShmAllReduce:
         try:
             for r in range(1, self.world):       # value: the maker's pid (part of the name), 0 if it has none
                 self._send(r, seq, _SETUP, 0, nbytes, capacity, value=os.getpid() if segment else 0, token=(hi, lo))
-            mapped = [int(self._expect(r, seq, _MAPPED, 0, nbytes, capacity)[5]) for r in range(1, self.world)]
+            mapped = [int(self._expect(r, seq, _MAPPED, 0, nbytes, capacity)[4]) for r in range(1, self.world)]
         finally:
             _unlink(path)
         ok = segment is not None and all(mapped)
@@ -217,19 +219,16 @@ class ShmAllReduce:
         return ok
 
     def _map_shared(self, seq: int, nbytes: int, capacity: int, size: int) -> bool:
-        msg = self._expect_kind(seq, _SETUP, nbytes, capacity)
-        token = struct.pack(">QQ", int(msg[6]), int(msg[7]))
+        msg = self._expect(0, seq, _SETUP, 0, nbytes, capacity)
+        maker, token = int(msg[4]), struct.pack(">QQ", int(msg[5]), int(msg[6]))
         segment = None
-        if int(msg[5]) and self.enabled:
-            segment = _Segment.attach(_segment_path(int(msg[5]), token), token, size, capacity, self.world)
+        if maker and self.enabled:
+            segment = _Segment.attach(_segment_path(maker, token), token, size, capacity, self.world)
         self._send(0, seq, _MAPPED, 0, nbytes, capacity, value=int(segment is not None))
-        ok = bool(int(self._expect_kind(seq, _DECIDED, nbytes, capacity)[5]))
+        ok = bool(int(self._expect(0, seq, _DECIDED, 0, nbytes, capacity)[4]))
         if ok:
             self._segment = segment
         return ok
-
-    def _expect_kind(self, seq: int, kind: int, nbytes: int, capacity: int) -> np.ndarray:
-        return self._expect(0, seq, kind, 0, nbytes, capacity).copy()
 
 
 class _Segment:
