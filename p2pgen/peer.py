@@ -446,7 +446,8 @@ class Peer:
             return self.agent.submit(command)
         except (OSError, P2PGenError) as e:
             log.info("agent could not take %s now: %s", type(command).__name__, e)
-            self.trace.record("submit_failed", command=type(command).__name__, reason=str(e))
+            self.trace.record("submit_failed", command=type(command).__name__,
+                              generation=getattr(command, "generation", None), reason=str(e))
             return None
 
     def _vote(self, action: Vote, view: JobView) -> bool | None:

@@ -79,15 +79,25 @@ def test_training_survives_kills_and_a_join_and_equals_the_serial_history(cluste
 def assert_trace_invariants(traces: dict[str, list[dict]]) -> None:
     """I4 from the recorded traces: within each process, every collective of generation G comes after
     the process saw G's certificate; every pull named by a certificate was followed by an accepted
-    `synced` of that puller with the frontier digest; and nobody acted on a generation without it."""
+    `synced` of that puller with the frontier digest; and nobody acted on a generation without it.
+
+    A `synced` whose answer was lost (`submit_failed`: the agent's Raft node stopped while it waited) may
+    still have committed, as any Raft client's command may; it counts only if the puller then found itself
+    active in that generation, which the machine allows only after its Synced committed."""
     activations: dict[int, dict] = {}
     synced: dict[tuple[int, str, int], dict] = {}
+    unanswered: set[tuple[int, str, int]] = set()
     for events in traces.values():
         seen_active: set[int] = set()
         for e in events:
+            key = (e.get("generation"), e["peer"], e["incarnation"])
+            if e["event"] == "submit_failed" and e["command"] == "Synced":
+                unanswered.add(key)
             if e["event"] == "active":
                 seen_active.add(e["generation"])
                 activations[e["generation"]] = e
+                if key in unanswered:
+                    synced.setdefault(key, e)
             elif e["event"] == "collective":
                 assert e["generation"] in seen_active, f"collective before its certificate: {e}"
             elif e["event"] == "synced" and e["ok"]:
