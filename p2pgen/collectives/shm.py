@@ -7,7 +7,9 @@ its own share of the piece (1/world of it) from all inputs, in rank order, into 
 After the last piece a final barrier passes and every member copies the whole output region into its buffer.
 Per member and call that is one copy in, one read of 1/world of everyone's input, one copy out: no kernel
 socket copies and no payload hashing, which is what a 64 MiB ring all_reduce on loopback spends most of its
-CPU on (see the README's data-plane section).
+CPU on (see the README's data-plane section). A call of at most `SMALL_BYTES` needs one barrier: every member
+copies its input in, the barrier passes, and every member reduces all inputs, in rank order, straight into
+its own buffer (a second barrier would cost more than reducing the whole call does).
 
 Barriers are small stamped, checksummed frames over the generation's TCP links, in a star around rank 0:
 every member sends rank 0 an `arrive` frame naming the piece and the call's size, dtype and op; rank 0 checks
@@ -15,14 +17,14 @@ them and answers each with a `go` frame. So a peer that dies, stops or is aborte
 it fails a ring (the links carry the failure), and no member polls.
 
 Invariants:
-- Bit-identical results: each element is reduced by exactly one member, in rank order, and every member
-  copies the same output bytes.
+- Bit-identical results: each element is reduced in rank order by one member, whose output every member
+  copies, or (small calls) by every member from the same inputs with the same element-wise kernels.
 - The caller's buffer is written only after the final barrier, that is after every member's share of every
   piece is in the output region; a call that raises leaves it as it was passed.
-- A slot is overwritten only after every member has finished reading it: a member writes piece k's input
-  after the barrier of piece k-1, which every member reaches only after reducing piece k-2 (two slots); the
-  output region is written only after the first barrier of a call, which every member reaches only after
-  copying out the previous call's result.
+- A slot is overwritten only after every member has finished reading it: slots are used in turn, one use
+  per piece, counted across calls; a member writes use u's input after the barrier of use u-1, which every
+  member reaches only after reading use u-2 (two slots); the output region is written only after the first
+  barrier of a call, which every member reaches only after copying out the previous call's result.
 - Whether a call takes this path is decided the same way on every member: from the call's size, constants
   of this module, and the outcome of the setup exchange, which rank 0 announces to everyone. A member that
   cannot map the segment (another host, a private /dev/shm, P2PGEN_SHM=0) makes the whole generation use
@@ -55,6 +57,7 @@ ENV = "P2PGEN_SHM"                # "0": never use shared memory (every member t
 MIN_BYTES = 64 << 10              # smaller calls take the ring: two barriers cost more than they save
 MAX_BYTES = 1 << 30               # larger calls take the ring rather than a segment this large
 PIECE_BYTES = 4 << 20             # per member and piece (measured: 1 MiB pieces, 4x the barriers, cost 20-40 %)
+SMALL_BYTES = 1 << 20             # calls up to this size take one barrier and are reduced whole by every member
 _HEADER_BYTES = 4096
 _MAGIC = b"P2Dshm01"
 _NAME = re.compile(r"^p2pgen-(\d+)-(\d+)-[0-9a-f]{32}$")
@@ -86,6 +89,7 @@ class ShmAllReduce:
         self.enabled = enabled()                        # this member offers shared memory (P2PGEN_SHM)
         self._too_big = MAX_BYTES + 1                   # the smallest size a segment could not be made for
         self._segment: _Segment | None = None
+        self._uses = 0                                  # slot uses in this generation: use u is slot u % 2
         self._sent: dict[int, int] = {}
         self._received: dict[int, int] = {}
         self._msg = np.zeros(_WORDS, np.uint64)
@@ -115,27 +119,38 @@ class ShmAllReduce:
             if not self._set_up(seq, nbytes):
                 return False
         seg = self._segment
+        if nbytes <= SMALL_BYTES:
+            slot = self._next_slot()
+            np.copyto(seg.input(self.rank, slot, flat.elems.dtype, flat.size), flat.elems)
+            self._barrier(seq, 0, nbytes, tag)
+            self._reduce(seg, slot, op, flat, 0, flat.size, flat.elems)
+            return True
         pe = seg.piece_bytes // flat.elems.itemsize
         pieces = range(0, flat.size, pe)
         out = seg.output(flat.elems.dtype, flat.size)
         for k, lo in enumerate(pieces):
             hi = min(flat.size, lo + pe)
-            slot = k % seg.slots
+            slot = self._next_slot()
             np.copyto(seg.input(self.rank, slot, flat.elems.dtype, hi - lo), flat.elems[lo:hi])
             self._barrier(seq, k, nbytes, tag)
-            self._reduce_share(seg, slot, op, flat, out[lo:hi])
+            n = hi - lo
+            share = slice(n * self.rank // self.world, n * (self.rank + 1) // self.world)
+            self._reduce(seg, slot, op, flat, share.start, share.stop, out[lo:hi][share])
         self._barrier(seq, len(pieces), nbytes, tag)
         np.copyto(flat.elems, out)
         return True
 
-    def _reduce_share(self, seg: "_Segment", slot: int, op: ReduceOp, flat: Flat, out: np.ndarray) -> None:
-        n = len(out)
-        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+    def _next_slot(self) -> int:
+        self._uses += 1
+        return self._uses % 2
+
+    def _reduce(self, seg: "_Segment", slot: int, op: ReduceOp, flat: Flat, lo: int, hi: int,
+                dest: np.ndarray) -> None:
+        """dest = the reduction, in rank order, of elements lo..hi of every member's input in `slot`."""
         if lo == hi:
             return
         dtype = flat.elems.dtype
-        inputs = [seg.input(r, slot, dtype, n)[lo:hi] for r in range(self.world)]
-        dest = out[lo:hi]
+        inputs = [seg.input(r, slot, dtype, hi)[lo:hi] for r in range(self.world)]
         combine(op, flat.bf16, dest, inputs[0], inputs[1])
         for more in inputs[2:]:
             combine(op, flat.bf16, dest, dest, more)
@@ -232,25 +247,18 @@ class ShmAllReduce:
 
 
 class _Segment:
-    """A mapped segment: header, `world` x `slots` input slots of `piece_bytes`, then `capacity` bytes of
-    output. A call that fits one piece needs one slot; longer calls alternate between two."""
+    """A mapped segment: header, `world` x 2 input slots of `piece_bytes`, then `capacity` bytes of output."""
 
     def __init__(self, mm: mmap.mmap, capacity: int, world: int) -> None:
         self.capacity = capacity
-        self.piece_bytes, self.slots = _Segment.geometry(capacity)
+        self.piece_bytes = min(PIECE_BYTES, capacity)
         self._buf = np.frombuffer(mm, np.uint8)
         self._inputs = _HEADER_BYTES
-        self._output = _HEADER_BYTES + world * self.slots * self.piece_bytes
-
-    @staticmethod
-    def geometry(capacity: int) -> tuple[int, int]:
-        piece = min(PIECE_BYTES, capacity)
-        return piece, 1 if capacity <= piece else 2
+        self._output = _HEADER_BYTES + world * 2 * self.piece_bytes
 
     @staticmethod
     def size_for(world: int, capacity: int) -> int:
-        piece, slots = _Segment.geometry(capacity)
-        return _HEADER_BYTES + world * slots * piece + capacity
+        return _HEADER_BYTES + world * 2 * min(PIECE_BYTES, capacity) + capacity
 
     @classmethod
     def create(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> "_Segment | None":
@@ -296,7 +304,7 @@ class _Segment:
         return cls(mm, capacity, world)
 
     def input(self, rank: int, slot: int, dtype: np.dtype, count: int) -> np.ndarray:
-        at = self._inputs + (rank * self.slots + slot) * self.piece_bytes
+        at = self._inputs + (rank * 2 + slot) * self.piece_bytes
         return self._buf[at:at + count * dtype.itemsize].view(dtype)
 
     def output(self, dtype: np.dtype, count: int) -> np.ndarray:

@@ -5,6 +5,7 @@ whole generation use the ring; mismatched calls fail with a clear error; no segm
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import threading
@@ -139,12 +140,16 @@ def _sum_of_ranks(b, n: int) -> tuple[bool, bool]:
 
 
 @pytest.mark.parametrize("victim", [0, 2])
-@pytest.mark.parametrize("after_frames", [1, 2, 4, 5])
-def test_a_call_that_raises_leaves_its_buffer_as_passed(victim, after_frames):
-    """The victim's thread fails right after it posted its k-th control frame of a 3-piece call (set-up,
-    pieces, final barrier): every member that raises still holds its input, every member that returned holds
-    the full result."""
-    world, n = 4, 3 * PIECE_ELEMS
+@pytest.mark.parametrize("at", [0.0, 0.34, 0.67, 1.0])
+@pytest.mark.parametrize("n,barriers", [(3 * PIECE_ELEMS, 4), (shm.SMALL_BYTES // 4, 1)], ids=["pieces", "small"])
+def test_a_call_that_raises_leaves_its_buffer_as_passed(victim, at, n, barriers):
+    """The victim's thread fails right after it posted its k-th control frame of a call, k at the first, a third,
+    two thirds and the last of the frames it posts (set-up: a barrier, then set-up/mapped/decided; then the
+    call's barriers: three pieces and the final one, or the small call's one): every member that raises still
+    holds its input, every member that returned holds the full result."""
+    world = 4
+    frames = (world - 1) * (3 + barriers) if victim == 0 else 2 + barriers
+    after_frames = max(1, math.ceil(at * frames))
     local = threading.local()
 
     def hook(event: hooks.FrameEvent) -> None:
