@@ -54,7 +54,7 @@ from p2pgen.transport import Connection, FrameKind, RecvSlot
 
 SHM_DIR = "/dev/shm"
 ENV = "P2PGEN_SHM"                # "0": never use shared memory (every member then uses the ring)
-MIN_BYTES = 64 << 10              # smaller calls take the ring: two barriers cost more than they save
+MIN_BYTES = 64 << 10              # smaller calls take the ring (latency-bound; at world 2 its two hops win)
 MAX_BYTES = 1 << 30               # larger calls take the ring rather than a segment this large
 PIECE_BYTES = 4 << 20             # per member and piece (measured: 1 MiB pieces, 4x the barriers, cost 20-40 %)
 SMALL_BYTES = 1 << 20             # calls up to this size take one barrier and are reduced whole by every member
