@@ -19,8 +19,10 @@ The actions, in the order a member meets them around one generation change:
     Exit         -> this incarnation must end (evicted, or quiescence unknown); its agent restarts it
     Stop         -> the application's loop ends normally (closed, or the harness's stop revision)
 Invariants kept:
-- I4: `Activate` only for a certificate naming this member of a generation it voted `ready` for, so never
-  before every member quiesced and holds the frontier (core activates nothing else);
+- I4: `Activate` only for a certificate naming this member of a generation it voted `ready` for (a vote whose
+  answer was lost counts once the certificate names it), so never before every member quiesced and holds the
+  frontier (core activates nothing else); and always then, even when a newer proposal is pending: the other
+  members of that generation wait for this one in its first collective;
 - I3: a tombstoned identity is told to `Exit` before anything else, and so is one that voted with an unknown
   quiescence: its old communicator may still be moving data it cannot account for;
 - one vote per pending generation: a vote that the agent took is never repeated; one the agent could not take
@@ -160,6 +162,7 @@ class _Progress:
     quiescence: str = "proved"        # of the generation it left ("proved" when it left none)
     collective_seq: int = 0
     voted: int | None = None
+    vote_unanswered: int | None = None   # generation of a vote it sent whose answer was lost (it may have committed)
     fetched: int | None = None        # generation whose frontier it holds after a pull or checkpoint load
     shards_fetched: int | None = None
     synced: int | None = None
@@ -219,8 +222,10 @@ class Follower:
             reason, p.reform_owed = p.reform_owed, ""
             if active and active.has(self.identity) and pending is None:
                 return AskReform(active.generation, reason)
-        if active and active.has(self.identity) and active.generation == p.voted:
-            return Activate(active)          # before any newer proposal: its members may wait for us in it
+        if active and active.has(self.identity) and active.generation in (p.voted, p.vote_unanswered):
+            # Before any newer proposal: its members may wait for us in it. A vote whose answer was lost counts
+            # when the certificate names us: only our own Ready puts an attached incarnation into a generation.
+            return Activate(active)
         if pending and pending.has(self.identity):
             return self._towards(pending, view, local)
         if active and active.has(self.identity) and p.voted is None and pending is None \
@@ -295,6 +300,8 @@ class Follower:
             case Vote(generation=generation, quiescence=voted_quiescence):
                 if ok is not None:
                     p.voted = generation
+                else:
+                    p.vote_unanswered = generation
                 if voted_quiescence == "unknown":
                     self.exit_reason = "could not prove quiescence of the old generation: restart as a new incarnation"
             case AskReform():

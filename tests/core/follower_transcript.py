@@ -12,10 +12,12 @@ Extends tests/core/transcript.py: every directive of that format still works (th
     leader none|NAME the Raft leader the agents hear (default: raft)
     lag PEER         from now on PEER's agent serves the view as it is now (a lagging agent); `catchup PEER` ends it
     decide PEER      print the action the follower chooses now, without performing it
-    act PEER [fail] [corrupt] [quiescence=Q] [seq=N]
+    act PEER [fail] [lost] [corrupt] [quiescence=Q] [seq=N]
                      decide, perform the action as the Peer would, and advance the follower; prints the action,
                      the outcome of the command it submitted (if any) and the result (done / refused / later).
                      `fail`: the fetch (or the vote, reform, report: the agent) could not be done now;
+                     `lost`: the command committed but its answer was lost (the agent's Raft node stopped while
+                     it waited), so the follower is told "later";
                      `corrupt`: the fetch got bytes with another digest; `quiescence`/`seq`: what a retired
                      communicator proved.
     commit G         every member running generation G, not failed, commits one step (revision + 1; digest `hREV`)
@@ -192,7 +194,7 @@ class FollowerInterpreter(Interpreter):
         view = self.view_of(m)
         action = m.follower.decide(view, self.local_of(m))
         out = [render_action(action)]
-        fail, corrupt = "fail" in flags, "corrupt" in flags
+        fail, lost, corrupt = "fail" in flags, "lost" in flags, "corrupt" in flags
         quiescence, seq = kw.pop("quiescence", "proved"), int(kw.pop("seq", 0))
         self._no_leftovers(kw)
         if isinstance(action, (Exit, Stop)):
@@ -205,6 +207,9 @@ class FollowerInterpreter(Interpreter):
             m.follower.advance(action, True, self.at, quiescence=quiescence, collective_seq=seq)
             return out
         ok = None if fail else self._perform(m, action, view, corrupt, out)
+        if lost:
+            out.append("  (its answer is lost)")
+            ok = None
         m.follower.advance(action, ok, self.at)
         if not isinstance(action, Wait):
             out.append("-> " + RESULT[ok])
