@@ -3,7 +3,8 @@ counters of everything it refused.
 
 A Transport belongs to one (job, peer_id, incarnation). It hands accepted, authenticated connections to
 the session of the generation they were bound to; a connection for a generation this process has not
-opened yet is parked until it does (bounded), one for an older generation is refused.
+opened yet is parked until it does, and refused (closed, so its dialer's receive fails) if it does not within
+`connect_timeout`; one for an older generation is refused.
 
 Invariants:
 - Generations opened here only go up (I2): `open_session(G)` requires G above every generation opened
@@ -148,19 +149,18 @@ class Transport:
 
     def _route(self, hello: handshake.Hello, sock: socket.socket) -> None:
         """Hand an accepted connection to its session, park it, or refuse it."""
-        now = time.monotonic()
         with self._lock:
             session = self._sessions.get(hello.generation)
             if session is None and hello.generation > self._newest and not self._closed:
-                self._parked.append((now + self.config.connect_timeout, hello, sock))
-                expired = [p for p in self._parked if p[0] < now]
-                self._parked = [p for p in self._parked if p[0] >= now]
+                self._parked.append((time.monotonic() + self.config.connect_timeout, hello, sock))
                 sock = None
-            else:
-                expired = []
-        for _, h, s in expired:
-            self._refuse(s, "stale_generation", f"nobody opened generation {h.generation} in time")
         if sock is None:
+            # Its dialer waits on it: if this process never opens that generation, refuse it once its time is
+            # up rather than leave the dialer blocked until its op_timeout.
+            timer = threading.Timer(self.config.connect_timeout + 0.01, self._expire_parked)
+            timer.daemon = True
+            timer.start()
+            self._expire_parked()
             return
         if session is None:
             self._refuse(sock, "stale_generation", f"generation {hello.generation} is retired here")
@@ -170,6 +170,15 @@ class Transport:
             self._refuse(sock, *verdict)
         elif not session.deliver(verdict, sock):
             self.counters.add("stale_generation")
+
+    def _expire_parked(self) -> None:
+        """Refuse (close) the parked connections whose generation was not opened within connect_timeout."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [p for p in self._parked if p[0] <= now]
+            self._parked = [p for p in self._parked if p[0] > now]
+        for _, hello, sock in expired:
+            self._refuse(sock, "stale_generation", f"nobody opened generation {hello.generation} in time")
 
     def _refuse(self, sock: socket.socket, reason: str, detail: str) -> None:
         self.counters.add(reason)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from p2pgen.errors import AuthenticationError, GenerationChanged, PeerLost, ProtocolError
-from p2pgen.transport import FrameKind
+from p2pgen.testing.rogue import RoguePeer
+from p2pgen.testing.ports import open_transport
+from p2pgen.transport import FrameKind, TransportConfig
 
 ROGUE = ("peer0", 1000)   # the identity conftest.Target lists as rank 0
 
@@ -129,3 +131,19 @@ def test_generations_only_go_up(target):
         target.open(generation=5)
     with pytest.raises(GenerationChanged, match="not newer"):
         target.open(generation=3)
+
+
+def test_a_connection_parked_for_a_generation_never_opened_is_refused_after_connect_timeout():
+    """A dialer of a generation this process has not opened (and never will) is not left waiting until its
+    op_timeout: the parked connection is closed once connect_timeout is up, and counted."""
+    transport = open_transport("job-under-test", b"the-right-secret-0123456789abcdef", "peer1", 2000,
+                               TransportConfig(connect_timeout=0.5, handshake_timeout=2.0))
+    try:
+        rogue = RoguePeer("job-under-test", b"the-right-secret-0123456789abcdef", ROGUE[0], ROGUE[1], 9)
+        rogue.dial(transport.endpoint())                  # handshake done: parked, waiting for generation 9
+        rogue.sock.settimeout(10.0)
+        assert rogue.sock.recv(1) == b"", "the parked connection was not closed"
+        assert transport.stats()["stale_generation"] == 1
+        rogue.close()
+    finally:
+        transport.close()
