@@ -90,6 +90,7 @@ class ShmAllReduce:
         self._too_big = MAX_BYTES + 1                   # the smallest size a segment could not be made for
         self._segment: _Segment | None = None
         self._uses = 0                                  # slot uses in this generation: use u is slot u % 2
+        self._conns: dict[int, Connection] = {}        # this call's links: rank 0's to everyone, the others' to 0
         self._sent: dict[int, int] = {}
         self._received: dict[int, int] = {}
         self._msg = np.zeros(_WORDS, np.uint64)
@@ -110,6 +111,7 @@ class ShmAllReduce:
 
     def all_reduce(self, seq: int, op: ReduceOp, flat: Flat) -> bool:
         """Reduce `flat` in place; False (nothing written, every member told) if the ring must do it."""
+        self._conns = self._links([0] if self.rank else list(range(1, self.world)))
         self._sent, self._received = {}, {}
         nbytes, tag = flat.raw.nbytes, _call_tag(flat, op)
         if self._segment is None or self._segment.capacity < nbytes:
@@ -172,14 +174,14 @@ class ShmAllReduce:
 
     def _send(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int, value: int = 0,
               token: tuple[int, int] = (0, 0)) -> None:
-        conn = self._links([rank])[rank]
+        conn = self._conns[rank]
         msg = np.array([kind, piece, nbytes, tag, value, *token], np.uint64)
         chunk = self._sent.get(rank, 0)
         self._sent[rank] = chunk + 1
         conn.post(FrameKind.COLLECTIVE, seq, chunk, msg.view(np.uint8), inline=conn.idle)
 
     def _receive(self, rank: int, seq: int) -> np.ndarray:
-        conn = self._links([rank])[rank]
+        conn = self._conns[rank]
         chunk = self._received.get(rank, 0)
         self._received[rank] = chunk + 1
         stamp = (FrameKind.COLLECTIVE, seq, chunk)
