@@ -66,7 +66,7 @@ from p2pgen.core.follower import (
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.state import (
-    CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, pull_state,
+    CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, StateSyncError, pull_state,
 )
 from p2pgen.state.pull import PullConfig
 from p2pgen.state.shardpull import pull_shards
@@ -496,6 +496,9 @@ class Peer:
         except P2PGenError as e:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self.trace.record("pull_failed", generation=generation, reason=str(e))
+            if isinstance(e, StateSyncError) and e.changed:   # a mix of two revisions: never vote it; the
+                self.close()                                     # next incarnation restores the local copy
+                raise Evicted(f"{e}: this process must not vote this state; its agent restarts it") from e
             return None
         self.lineage = pending.parent      # the frontier was elected on the history of the active generation
         for obj in self.state.sharded.values():

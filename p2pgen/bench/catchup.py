@@ -8,8 +8,8 @@ alternating, medians and the range of the per-round ratios (one pull against one
 the puller's GIL.
 
 Invariant: both figures move the same bytes over the same number of connections; the pull figure
-includes everything a real catch-up pays (connect, handshake, manifest, local digests before,
-per-chunk checksums, tensor digests, in-place copy, the final digest).
+includes everything a real catch-up pays (connect, handshake, manifest, finding which tensors the
+joiner already holds, per-chunk checksums, tensor digests, writing the user's tensors, the final digest).
 """
 
 from __future__ import annotations

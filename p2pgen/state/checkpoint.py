@@ -41,7 +41,7 @@ from p2pgen.state.shared import SharedState, manifest_digest, objects_bytes, ten
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2    # 2: tensor digests built from block digests (`state.shared`); format 1 is not read
 MANIFEST = "MANIFEST.json"
 STALE_TMP_S = 3600.0
 VERIFY_RULE = "xxh3-128 over 'dtype|shape|' and the bytes equals digest; digests add up to the manifest digest"
@@ -123,6 +123,11 @@ def list_checkpoints(directory: str | os.PathLike) -> list[CheckpointInfo]:
     for path in root.glob("ckpt-*"):
         try:
             body = json.loads((path / MANIFEST).read_text())
+            if body.get("format") != FORMAT:
+                log.warning("checkpoint %s is in format %r, this p2pgen reads %d (its digests are computed "
+                            "differently): not offered; load it with the p2pgen that wrote it", path,
+                            body.get("format"), FORMAT)
+                continue
             found.append(CheckpointInfo(path, int(body["revision"]), str(body["digest"]), int(body["epoch"]),
                                         str(body["instance"]), str(body["job"]), body))
         except (OSError, ValueError, KeyError, TypeError) as e:

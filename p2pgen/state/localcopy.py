@@ -41,7 +41,7 @@ from p2pgen.state.shared import SharedState, manifest_digest, objects_bytes, ten
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2    # 2: tensor digests built from block digests (`state.shared`)
 POINTER = "current.json"
 ALIGN = 64
 

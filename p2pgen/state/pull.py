@@ -4,20 +4,29 @@ Owns: one catch-up, as the frontier election ordered it (`core.model.Pull`): whi
 source sends which chunks, staging, verification, and the report.
 
 Contract and invariants:
-- Only tensors whose digest differs from the source manifest's are fetched; the objects only if theirs
-  differs. All sources must announce the frontier digest (else that source is dropped, "wrong_frontier").
+- Only tensors whose bytes differ from the source manifest's are fetched (found block by block, stopping
+  at the first block that differs: a joiner's fresh tensor costs one block of hashing); the objects only
+  if their digest differs. All sources must announce the frontier digest (else that source is dropped, "wrong_frontier").
 - Chunks are split across all live sources (each worker takes the next batch from one queue). When a
   source dies or misbehaves, the chunks it had not delivered go back to the queue and the remaining
   sources continue from there (`PullReport.resumed` counts it).
-- A user tensor is written only once all of its bytes arrived in a staging buffer and hash to the
-  manifest's digest; then it is copied in place, so optimizer references stay valid. Objects and
-  revision are applied last, once every tensor is in.
+- Tensors are written in place, so optimizer references stay valid. A contiguous CPU tensor receives
+  its chunks straight into its own memory (`PullConfig.in_place`, the default: no staging copy, which
+  cost as much as the transfer); any other tensor (CUDA, non-contiguous, or `in_place=False`) lands in
+  a staging buffer and is copied in only once all of its bytes hash to the manifest's digest. Objects
+  and revision are applied last, once every tensor verified.
+- A pull that fails after it wrote any tensor says so: `StateSyncError.changed` names them, and the
+  state, a mix of its old revision and the frontier, must not be reported as either (the peer restarts
+  as a new incarnation, which restores its local copy). One that fails before writing leaves it as it was.
+- Every received byte is hashed once. A tensor digest is built from block digests (`state.shared`): a
+  chunk that is exactly one block (the default chunk size) gets its block digest from the frame's own
+  checksum verification; a block made of other chunks is hashed from staging when its last byte lands.
+  The copy into the user's tensor is exact, so the tensor's digest is then the verified one; it is not
+  hashed again.
 - `pull_state` returns only when the state's manifest digest equals the frontier digest; otherwise it
   raises StateSyncError (or DigestMismatch) saying which source failed and why. That digest is what
-  `state.digest()` would compute, built without hashing the whole state once more: a fetched tensor is
-  hashed from its own memory as its verified bytes are copied in (block by block, in cache), a skipped
-  one was hashed at the start, and the objects are hashed at the end. Each tensor's staging digest is
-  fed chunk by chunk, in order, as chunks land (still in cache), not in one pass over the whole tensor.
+  `state.digest()` would compute: a fetched tensor's is its verified digest, a skipped one was found to
+  hold the manifest's bytes (nobody touches the state during a pull), the objects are hashed after loading.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -39,7 +48,8 @@ from p2pgen.core.model import Frontier
 from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.state import tensors as tz
 from p2pgen.state import wire
-from p2pgen.state.shared import Manifest, SharedState, manifest_digest, tensor_hasher
+from p2pgen.state.shared import (DIGEST_BLOCK, Manifest, SharedState, block_count, block_digests,
+                                 block_of_chunk, digest_of_blocks, manifest_digest)
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 from p2pgen.transport import handshake
 
@@ -61,6 +71,7 @@ class PullConfig:
     max_frame_bytes: int = 16 << 20
     connect_timeout: float = 10.0     # connect + handshake
     op_timeout: float = 60.0          # one blocked receive; a stopped source is given up after this
+    in_place: bool = True             # receive straight into contiguous CPU tensors, not into staging
 
 
 @dataclass(frozen=True)
@@ -111,11 +122,11 @@ class _Plan:
     staging: dict[int, np.ndarray] = field(default_factory=dict)
     pool: list[np.ndarray] = field(default_factory=list)        # staging buffers of installed tensors, for reuse
     objects_raw: bytes | None = None
-    hashers: dict[int, Any] = field(default_factory=dict)       # tensor index -> running digest of its staging
-    hashed: dict[int, int] = field(default_factory=dict)        # tensor index -> chunks hashed (in order) so far
-    landed: dict[int, set] = field(default_factory=dict)        # tensor index -> chunks arrived, not hashed yet
-    hashing: set = field(default_factory=set)                   # tensors a worker is hashing right now
+    blocks: dict[int, list] = field(default_factory=dict)       # tensor index -> block digests (None: not yet)
+    block_left: dict[int, list] = field(default_factory=dict)   # tensor index -> bytes of each block not landed
+    unresolved: dict[int, int] = field(default_factory=dict)    # tensor index -> blocks without a digest yet
     installed: dict[str, str] = field(default_factory=dict)     # name -> digest of the user tensor's new bytes
+    in_place: set = field(default_factory=set)                  # tensors receiving straight into their memory
 
 
 class _Pull:
@@ -126,7 +137,6 @@ class _Pull:
         self.key = auth.derive_key(secret, job, wire.KEY_PURPOSE)
         self.counters = wire.Counters()
         self.cond = threading.Condition()
-        self.local = state.tensor_digests(threads=_DIGEST_THREADS)
         self.plan: _Plan | None = None
         self.queue: collections.deque = collections.deque()
         self.in_flight = 0
@@ -134,6 +144,7 @@ class _Pull:
         self.failures: dict[str, Exception] = {}
         self.bytes_by_source: dict[str, int] = {}
         self.resumed = 0
+        self.changed: set[str] = set()          # names of the user tensors written so far
         self.bar = None
 
     # ---- driver --------------------------------------------------------------------------------
@@ -149,8 +160,15 @@ class _Pull:
         finally:
             if self.bar is not None:
                 self.bar.close()
-        self._raise_if_incomplete()
-        return self._finish(time.monotonic() - start)
+        try:
+            self._raise_if_incomplete()
+            return self._finish(time.monotonic() - start)
+        except StateSyncError as e:
+            if self.changed:
+                e.changed = tuple(sorted(self.changed))
+                e.args = (f"{e.args[0]}; tensors {list(e.changed)} were already written, so this state holds "
+                          f"neither its revision {self.state.revision} nor the frontier",)
+            raise
 
     def _raise_if_incomplete(self) -> None:
         if self.fatal is not None:
@@ -173,7 +191,8 @@ class _Pull:
         if digest != self.frontier.digest:
             self.counters.add("digest_mismatch")
             raise DigestMismatch(f"after pulling, the state digest is {digest}, not the frontier's "
-                                 f"{self.frontier.digest}: was the state modified during the pull?")
+                                 f"{self.frontier.digest}: the pulled objects pickle to other bytes here "
+                                 "(they must pickle deterministically), or the state was modified during the pull")
         names = [e.name for e in plan.manifest.entries]
         return PullReport(plan.manifest.revision, digest, dict(self.bytes_by_source),
                           tuple(names[t] for t in plan.fetch), plan.skipped, plan.objects, seconds,
@@ -182,10 +201,10 @@ class _Pull:
 
     def _final_digest(self) -> str:
         """The state's manifest digest after the pull, as `state.digest()` would compute it, without hashing
-        every tensor once more: a fetched tensor's digest was computed from its own memory right after the
-        verified bytes were copied in (`_install`, block by block while they were in cache), a skipped one's
-        at the start (nobody touches the state during a pull); the objects are hashed now."""
-        digests = {name: self.plan.installed.get(name, self.local[name]) for name in self.local}
+        the tensors once more: a fetched tensor holds exactly its verified bytes, a skipped one was found
+        to hold the manifest's at the start (nobody touches the state during a pull); the loaded objects
+        are re-pickled and hashed now."""
+        digests = {e.name: self.plan.installed.get(e.name, e.digest) for e in self.plan.manifest.entries}
         return manifest_digest(digests, self.state.objects_digest()[0])
 
     # ---- one worker per source -----------------------------------------------------------------
@@ -247,16 +266,19 @@ class _Pull:
 
     def _make_plan(self, manifest: Manifest) -> _Plan:
         self._check_layout(manifest)
-        fetch = [i for i, e in enumerate(manifest.entries) if self.local[e.name] != e.digest]
-        skipped = tuple(e.name for e in manifest.entries if self.local[e.name] == e.digest)
+        held = [self.state.holds(e) for e in manifest.entries]     # stops at a tensor's first differing block
+        fetch = [i for i, e in enumerate(manifest.entries) if not held[i]]
+        skipped = tuple(e.name for i, e in enumerate(manifest.entries) if held[i])
         objects = self.state.objects_digest()[0] != manifest.objects_digest
         plan = _Plan(manifest, fetch, skipped, objects)
         cb = self.config.chunk_bytes
         for t in fetch:
-            n = wire.chunk_count(manifest.entries[t].nbytes, cb)
+            nbytes = manifest.entries[t].nbytes
+            n = wire.chunk_count(nbytes, cb)
             plan.remaining[t] = n
-            e = manifest.entries[t]
-            plan.hashers[t], plan.hashed[t], plan.landed[t] = tensor_hasher(e.dtype, e.shape), 0, set()
+            blocks = block_count(nbytes)
+            plan.blocks[t], plan.unresolved[t] = [None] * blocks, blocks
+            plan.block_left[t] = [min(DIGEST_BLOCK, nbytes - b * DIGEST_BLOCK) for b in range(blocks)]
             self.queue.append((t, 0, n))
         if objects:
             self.queue.append(("objects",))
@@ -339,15 +361,23 @@ class _Pull:
         buf = self._staging(t)
         for c in range(first, first + count):
             view = memoryview(buf)[c * cb:(c + 1) * cb]
-            rx.recv(wire.CHUNK, t, c, view)
+            _, payload_digest = rx.recv_verified(wire.CHUNK, t, c, view)
             done[0] += 1
-            self._chunk_arrived(t, c, source, len(view))
+            self._chunk_arrived(t, c, payload_digest, source, len(view))
 
     def _staging(self, t: int) -> np.ndarray:
-        """Tensor t's staging buffer: a pooled one when one is large enough (fresh pages cost a fault each,
-        measured here at about 0.15 GB/s, more than the transfer itself), else a new one."""
+        """Where tensor t's chunks land: the tensor's own memory when it can take them (in_place), else a
+        staging buffer: a pooled one when one is large enough (fresh pages cost a fault each, measured here
+        at about 0.15 GB/s, more than the transfer itself), else a new one."""
         with self.cond:
             buf = self.plan.staging.get(t)
+            name = self.plan.manifest.entries[t].name
+            own = tz.writable_bytes(self.state.tensors[name]) if buf is None and self.config.in_place else None
+            if own is not None:
+                self.state.touch(name)
+                self.changed.add(name)
+                self.plan.in_place.add(t)
+                buf = self.plan.staging[t] = own
             if buf is None:
                 n = self.plan.manifest.entries[t].nbytes
                 fits = [i for i, b in enumerate(self.plan.pool) if len(b) >= n]
@@ -358,59 +388,64 @@ class _Pull:
                 buf = self.plan.staging[t] = base[:n]
             return buf
 
-    def _chunk_arrived(self, t: int, c: int, source: Source, nbytes: int) -> None:
-        """Chunk c of tensor t verified into staging: count it, and feed the tensor's running digest with
-        every chunk now in order (this one first, still in cache). One worker at a time hashes a tensor; the
-        one that hashes its last chunk installs it."""
+    def _chunk_arrived(self, t: int, c: int, payload_digest: int, source: Source, nbytes: int) -> None:
+        """Chunk c of tensor t verified into staging: count it and resolve the block digests it completes:
+        a chunk that is exactly one block gives its digest (verified with the frame), any other block
+        completed by this chunk is hashed from staging now (still in cache). The worker that resolves a
+        tensor's last block installs it."""
+        plan, cb = self.plan, self.config.chunk_bytes
+        total = plan.manifest.entries[t].nbytes
+        whole = block_of_chunk(total, cb, c)
         with self.cond:
             self.bytes_by_source[source.peer_id] = self.bytes_by_source.get(source.peer_id, 0) + nbytes
             self.plan.remaining[t] -= 1
-            self.plan.landed[t].add(c)
             if self.bar is not None:
                 self.bar.update(nbytes)
-            mine = t not in self.plan.hashing
-            if mine:
-                self.plan.hashing.add(t)
-        if mine:
-            self._hash_in_order(t)
+            if whole is not None:
+                resolved = {whole: payload_digest}
+            else:
+                resolved = {}
+                start, end = c * cb, min((c + 1) * cb, total)
+                for b in range(start // DIGEST_BLOCK, -(-end // DIGEST_BLOCK)):
+                    left = plan.block_left[t]
+                    left[b] -= min(end, (b + 1) * DIGEST_BLOCK) - max(start, b * DIGEST_BLOCK)
+                    if left[b] == 0:
+                        resolved[b] = None
+                buf = plan.staging[t]
+        for b in [b for b, d in resolved.items() if d is None]:
+            resolved[b] = block_digests(buf, b, 1)[0]
+        with self.cond:
+            for b, d in resolved.items():
+                plan.blocks[t][b] = d
+            plan.unresolved[t] -= len(resolved)
+            complete = plan.unresolved[t] == 0
+        if complete:
+            self._install(t)
         if self.on_chunk is not None:
             self.on_chunk(source, nbytes)
 
-    def _hash_in_order(self, t: int) -> None:
-        plan, cb = self.plan, self.config.chunk_bytes
-        n = wire.chunk_count(plan.manifest.entries[t].nbytes, cb)
-        while True:
-            with self.cond:
-                nxt = plan.hashed[t]
-                if nxt not in plan.landed[t]:
-                    plan.hashing.discard(t)
-                    complete = nxt == n
-                    break
-                plan.landed[t].discard(nxt)
-                buf = plan.staging[t]
-            plan.hashers[t].update(buf[nxt * cb:(nxt + 1) * cb])
-            with self.cond:
-                plan.hashed[t] = nxt + 1
-        if complete:
-            self._install(t)
-
     def _install(self, t: int) -> None:
-        """The whole tensor is in staging and hashed: if it matches the manifest, copy it in place into the
-        user's tensor, hashing the user tensor's bytes block by block right after each block landed."""
+        """Every block of tensor t landed with its digest: if they add up to the manifest's digest, the
+        tensor is done (received in place), or its staging is copied in (exactly, so the tensor's digest is
+        the verified one)."""
         entry = self.plan.manifest.entries[t]
         with self.cond:
             data = self.plan.staging.pop(t)
-            digest = self.plan.hashers.pop(t).hexdigest()
-        if digest != entry.digest:
-            self._mismatch(f"tensor {entry.name!r} does not hash to its manifest digest {entry.digest}; "
-                           "it was left untouched")
-        installed = _copy_in_and_hash(self.state, entry, data)
-        if installed != entry.digest:
-            self._mismatch(f"tensor {entry.name!r} hashes to {installed} after its verified bytes were copied in, "
-                           f"not {entry.digest}: was the state modified during the pull?")
+            blocks = tuple(self.plan.blocks.pop(t))
+            own = t in self.plan.in_place
+        if digest_of_blocks(entry.dtype, entry.shape, blocks) != entry.digest:
+            self._mismatch(f"tensor {entry.name!r} does not hash to its manifest digest {entry.digest}"
+                           + ("" if own else "; it was left untouched"))
+        if own:
+            self.state.written(entry.name, blocks)
+        else:
+            with self.cond:
+                self.changed.add(entry.name)
+            self.state.load_tensor(entry.name, data, blocks)
         with self.cond:
-            self.plan.installed[entry.name] = installed
-            self.plan.pool.append(data.base if data.base is not None else data)
+            self.plan.installed[entry.name] = entry.digest
+            if not own:
+                self.plan.pool.append(data.base if data.base is not None else data)
 
     def _mismatch(self, detail: str):
         self.counters.add("digest_mismatch")
@@ -419,41 +454,3 @@ class _Pull:
             self.fatal = self.fatal or err
             self.cond.notify_all()
         raise err
-
-
-_DIGEST_THREADS = 2            # threads hashing the puller's own tensors before the plan (xxhash releases the GIL)
-_INSTALL_BLOCK = 1 << 20       # bytes copied into a user tensor, then hashed there, at a time (fits in L2)
-
-
-def _copy_in_and_hash(state: SharedState, entry, data: np.ndarray) -> str:
-    """Copy the verified bytes `data` in place into tensor `entry.name` (so references held elsewhere stay
-    valid) and return the digest of the tensor's own bytes afterwards, hashed block by block right after
-    each block was written. A tensor with no writable flat byte view (non-contiguous, CUDA) is written by
-    `load_tensor` and hashed afterwards."""
-    value = state.tensors[entry.name]
-    state.touch(entry.name)
-    h = tensor_hasher(entry.dtype, entry.shape)
-    if tz.is_torch(value):
-        torch = sys.modules["torch"]
-        if value.device.type != "cpu" or not value.is_contiguous():
-            state.load_tensor(entry.name, data)
-            h.update(tz.host_bytes(value))
-            return h.hexdigest()
-        dst_t = value.detach().reshape(-1).view(torch.uint8)    # shares the version counter: copy_ bumps it
-        dst, src_t = dst_t.numpy(), torch.from_numpy(data)
-        for a in range(0, len(data), _INSTALL_BLOCK):
-            b = min(len(data), a + _INSTALL_BLOCK)
-            with torch.no_grad():
-                dst_t[a:b].copy_(src_t[a:b])
-            h.update(dst[a:b])
-        return h.hexdigest()
-    if not (value.flags.c_contiguous and value.flags.writeable):
-        state.load_tensor(entry.name, data)
-        h.update(tz.host_bytes(value))
-        return h.hexdigest()
-    dst = value.reshape(-1).view(np.uint8)
-    for a in range(0, len(data), _INSTALL_BLOCK):
-        b = min(len(data), a + _INSTALL_BLOCK)
-        np.copyto(dst[a:b], data[a:b])
-        h.update(dst[a:b])
-    return h.hexdigest()

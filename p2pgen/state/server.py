@@ -12,6 +12,9 @@ Invariants:
   taken on entry. A torch tensor whose `_version` moved since then is refused ("mutated"); a numpy
   array cannot be checked here, and a puller's digest check catches it. Leaving the window closes
   the window's connections and waits for their threads before the application runs again.
+- A chunk that is exactly one digest block is sent with that block's digest from the manifest as its
+  payload digest, not a fresh hash of the bytes: the frame then proves end to end that the bytes the
+  puller got are the ones the manifest describes (a numpy array changed since fails its checksum).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from p2pgen import auth
 from p2pgen.listener import Listener
 from p2pgen.state import tensors as tz
 from p2pgen.state import wire
-from p2pgen.state.shared import Manifest, SharedState, objects_bytes
+from p2pgen.state.shared import Manifest, SharedState, block_of_chunk, objects_bytes
 from p2pgen.transport import handshake
 
 log = logging.getLogger(__name__)
@@ -100,8 +103,7 @@ class StateServer:
     # ---- window --------------------------------------------------------------------------------
     def _open_window(self, generation: int) -> _Window:
         names = sorted(self.state.tensors)
-        window = _Window(generation, self.state.manifest(),
-                         tuple(tz.version(self.state.tensors[n]) for n in names),
+        window = _Window(generation, self.state.manifest(), tuple(tz.version(self.state.tensors[n]) for n in names),
                          objects_bytes(self.state.objects), _held_shards(self.state))
         with self._cond:
             if self._window is not None:
@@ -209,7 +211,8 @@ class StateServer:
         for c in range(first, first + count):
             if self._window is not w:
                 raise wire.Refused("not_serving", f"the generation {w.generation} window closed")
-            out.send(wire.CHUNK, t, c, data[c * cb:(c + 1) * cb])
+            block = block_of_chunk(entry.nbytes, cb, c)     # a chunk that is one block: its digest is known
+            out.send(wire.CHUNK, t, c, data[c * cb:(c + 1) * cb], None if block is None else entry.blocks[block])
 
     def _send_shard(self, out: wire.FrameSender, w: _Window, req: dict) -> None:
         """Chunks of one held shard, frame `op_seq` = the shard index (a puller asks for each shard it must hold)."""

@@ -1,7 +1,15 @@
 """SharedState: the named tensors, small objects and revision that the members of a job agree on.
 
-Owns: the per-tensor digests (xxh3-128 over dtype name, shape and bytes), the objects digest (xxh3-128
-over the pickled objects), the manifest digest over both, and the cache that avoids re-hashing.
+Owns: the per-tensor digests, the objects digest (xxh3-128 over the pickled objects), the manifest
+digest over both, and the cache that avoids re-hashing.
+
+A tensor's digest is two-level: its bytes are cut into blocks of DIGEST_BLOCK bytes (the last one
+shorter; an empty tensor has one empty block), each block is hashed with xxh3-64 (its "block digest",
+the same function as a data frame's payload digest), and the digest is xxh3-128 over "dtype|shape|"
+followed by the block digests (u64 little endian). So a frame that carries exactly one block proves that
+block's digest as it is verified, with no second pass: a puller hashes each received byte once, and a
+source sends the block digests it computed for the manifest instead of hashing its frames again. Blocks
+also hash in parallel, so one large tensor uses every thread it is given.
 
 Invariants:
 - The manifest digest is a function of content only (sorted names, tensor digests, objects digest),
@@ -24,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import pickle
+import struct
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -35,19 +44,42 @@ import xxhash
 from p2pgen.state import tensors as tz
 
 PICKLE_PROTOCOL = 5
+DIGEST_BLOCK = 4 << 20      # bytes per block of a tensor digest (the default catch-up chunk is one block)
 
 
 def tensor_digest(dtype: str, shape: tuple[int, ...], data) -> str:
-    """xxh3-128 hex over "dtype|shape|" and the bytes: equal bytes of another dtype or shape differ."""
-    h = tensor_hasher(dtype, shape)
-    h.update(data)
-    return h.hexdigest()
+    """The digest of a tensor of `dtype` and `shape` whose bytes are `data` (1-D uint8 or bytes-like):
+    equal bytes of another dtype or shape differ."""
+    return digest_of_blocks(dtype, shape, block_digests(data))
 
 
-def tensor_hasher(dtype: str, shape: tuple[int, ...]):
-    """The running xxh3-128 of `tensor_digest`, before any byte: update it with the bytes in order (in
-    pieces, as they arrive), and its hexdigest() is tensor_digest's."""
-    return xxhash.xxh3_128(f"{dtype}|{','.join(map(str, shape))}|".encode())
+def block_count(nbytes: int) -> int:
+    """Blocks of a tensor of `nbytes` (an empty tensor still has one, empty, block)."""
+    return max(1, -(-nbytes // DIGEST_BLOCK))
+
+
+def block_digests(data, first: int = 0, count: int | None = None) -> list[int]:
+    """xxh3-64 of blocks first..first+count-1 (default: all) of `data`, a 1-D uint8 array or bytes-like."""
+    view = memoryview(data).cast("B")
+    last = block_count(len(view)) if count is None else first + count
+    return [xxhash.xxh3_64_intdigest(view[b * DIGEST_BLOCK:(b + 1) * DIGEST_BLOCK]) for b in range(first, last)]
+
+
+def block_of_chunk(nbytes: int, chunk_bytes: int, chunk: int) -> int | None:
+    """The block whose bytes are exactly chunk `chunk` of a tensor of `nbytes` cut into `chunk_bytes`
+    chunks (so that chunk's payload digest is that block's digest), or None when they differ."""
+    start = chunk * chunk_bytes
+    if start % DIGEST_BLOCK:
+        return None
+    block = start // DIGEST_BLOCK
+    same_end = min(start + chunk_bytes, nbytes) == min((block + 1) * DIGEST_BLOCK, nbytes)
+    return block if same_end else None
+
+
+def digest_of_blocks(dtype: str, shape: tuple[int, ...], blocks) -> str:
+    """The tensor digest from its block digests, in order."""
+    prefix = f"{dtype}|{','.join(map(str, shape))}|".encode()
+    return xxhash.xxh3_128(prefix + struct.pack(f"<{len(blocks)}Q", *blocks)).hexdigest()
 
 
 def objects_bytes(objects: Mapping[str, Any]) -> bytes:
@@ -61,13 +93,14 @@ def manifest_digest(digests: Mapping[str, str], objects_digest: str) -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """One tensor as the manifest describes it."""
+    """One tensor as the manifest describes it, with its block digests (which add up to `digest`)."""
 
     name: str
     digest: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    blocks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -83,14 +116,14 @@ class Manifest:
     def to_wire(self) -> dict:
         return {"revision": self.revision, "objects": [self.objects_digest, self.objects_nbytes],
                 "digest": self.digest,
-                "entries": [[e.name, e.digest, e.dtype, list(e.shape), e.nbytes] for e in self.entries]}
+                "entries": [[e.name, e.digest, e.dtype, list(e.shape), e.nbytes, list(e.blocks)] for e in self.entries]}
 
     @classmethod
     def from_wire(cls, msg: Any) -> "Manifest":
         """Parse and check a wire manifest; ValueError if it is malformed or its digest does not add up."""
         try:
-            entries = tuple(Entry(str(n), str(d), str(t), tuple(int(x) for x in s), int(b))
-                            for n, d, t, s, b in msg["entries"])
+            entries = tuple(Entry(str(n), str(d), str(t), tuple(int(x) for x in s), int(b), tuple(int(x) for x in k))
+                            for n, d, t, s, b, k in msg["entries"])
             m = cls(int(msg["revision"]), entries, str(msg["objects"][0]), int(msg["objects"][1]),
                     str(msg["digest"]))
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -98,6 +131,12 @@ class Manifest:
         names = [e.name for e in entries]
         if names != sorted(set(names)):
             raise ValueError("malformed manifest: entry names are not sorted and unique")
+        for e in entries:
+            if e.nbytes < 0 or len(e.blocks) != block_count(e.nbytes) or not all(0 <= k < 1 << 64 for k in e.blocks):
+                raise ValueError(f"malformed manifest: tensor {e.name!r} of {e.nbytes} bytes has {len(e.blocks)} "
+                                 "block digests, or one out of range")
+            if digest_of_blocks(e.dtype, e.shape, e.blocks) != e.digest:
+                raise ValueError(f"malformed manifest: the block digests of {e.name!r} do not add up to its digest")
         if manifest_digest({e.name: e.digest for e in entries}, m.objects_digest) != m.digest:
             raise ValueError("manifest digest does not match its entries")
         return m
@@ -110,6 +149,7 @@ class Manifest:
 class _Cached:
     key: tuple
     digest: str
+    blocks: tuple[int, ...]
 
 
 class _Tensors(MutableMapping):
@@ -208,14 +248,30 @@ class SharedState:
             self._cache.pop(name, None)
 
     def tensor_digests(self, threads: int = 1) -> dict[str, str]:
-        """name -> digest, sorted by name. `threads` > 1 hashes that many tensors at a time (xxhash releases
+        """name -> digest, sorted by name. `threads` > 1 hashes that many blocks at a time (xxhash releases
         the GIL), for a caller that has idle cores, as a puller about to wait for its sources has."""
-        names = sorted(self.tensors)
-        if threads <= 1 or len(names) <= 1:
-            return {name: self._tensor_digest(name) for name in names}
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="p2pgen-digest") as pool:
-            return dict(zip(names, pool.map(self._tensor_digest, names)))
+        return {name: digest for name, (digest, _) in self.tensor_blocks(threads).items()}
+
+    def tensor_blocks(self, threads: int = 1) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (digest, block digests), sorted by name; cached as `tensor_digests` is."""
+        out: dict[str, tuple[str, tuple[int, ...]]] = {}
+        todo: list[tuple[str, Any, tuple | None]] = []
+        for name in sorted(self.tensors):
+            value = self.tensors[name]
+            key, cached = self._key(value), self._cache.get(name)
+            if cached is not None and key is not None and cached.key == key:
+                out[name] = (cached.digest, cached.blocks)
+            else:
+                todo.append((name, value, key))
+        for name, value, key in todo:     # one at a time: a CUDA tensor's host copy lives only while hashed
+            blocks = _hash_blocks(tz.host_bytes(value), threads)
+            with self._count_lock:
+                self.hashed_bytes += tz.nbytes(value)
+            digest = digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks)
+            if key is not None:
+                self._cache[name] = _Cached(key, digest, blocks)
+            out[name] = (digest, blocks)
+        return dict(sorted(out.items()))
 
     def objects_digest(self) -> tuple[str, int]:
         """(digest, size) of the pickled objects."""
@@ -227,42 +283,66 @@ class SharedState:
         return manifest_digest(self.tensor_digests(), self.objects_digest()[0])
 
     def manifest(self) -> Manifest:
-        digests = self.tensor_digests()
+        hashed = self.tensor_blocks()
+        digests = {name: d for name, (d, _) in hashed.items()}
         obj_digest, obj_size = self.objects_digest()
-        entries = tuple(Entry(n, d, tz.dtype_name(t), tz.shape(t), tz.nbytes(t))
+        entries = tuple(Entry(n, d, tz.dtype_name(t), tz.shape(t), tz.nbytes(t), hashed[n][1])
                         for n, d, t in ((n, digests[n], self.tensors[n]) for n in digests))
         return Manifest(self.revision, entries, obj_digest, obj_size, manifest_digest(digests, obj_digest))
+
+    def holds(self, entry: Entry) -> bool:
+        """Whether tensor `entry.name` holds exactly the bytes `entry` describes. Compares block by block
+        and stops at the first that differs, so a tensor that differs early (a joiner's fresh one) costs
+        one block, not a pass over all of it; a cached digest answers without hashing."""
+        value = self.tensors[entry.name]
+        if (tz.dtype_name(value), tz.shape(value)) != (entry.dtype, entry.shape):
+            return False
+        key, cached = self._key(value), self._cache.get(entry.name)
+        if cached is not None and key is not None and cached.key == key:
+            return cached.digest == entry.digest
+        data = tz.host_bytes(value)
+        for b, want in enumerate(entry.blocks):
+            with self._count_lock:
+                self.hashed_bytes += len(data[b * DIGEST_BLOCK:(b + 1) * DIGEST_BLOCK])
+            if block_digests(data, b, 1)[0] != want:
+                return False
+        if key is not None:
+            self._cache[entry.name] = _Cached(key, entry.digest, entry.blocks)
+        return True
 
     def snapshot_bytes(self, name: str) -> Any:
         """The bytes of tensor `name` as a 1-D uint8 numpy array (a view for contiguous CPU tensors)."""
         return tz.host_bytes(self.tensors[name])
 
-    def load_tensor(self, name: str, data: Any) -> None:
-        """Copy verified bytes (1-D uint8) into tensor `name` in place; its digest is recomputed next time.
+    def load_tensor(self, name: str, data: Any, blocks: tuple[int, ...] | None = None) -> None:
+        """Copy verified bytes (1-D uint8) into tensor `name` in place.
 
         The caller has verified `data` against the source's digest: this is how a pull writes user tensors.
+        With `blocks`, the block digests the caller verified `data` against, a torch tensor's digest is
+        cached from them (its next `digest()` hashes nothing); otherwise it is recomputed next time.
         """
         value = self.tensors[name]
         self._cache.pop(name, None)
         tz.write_in_place(value, data)
+        key = self._key(value)
+        if blocks is not None and key is not None:
+            digest = digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks)
+            self._cache[name] = _Cached(key, digest, tuple(blocks))
+
+    def written(self, name: str, blocks: tuple[int, ...]) -> None:
+        """Tensor `name` was written in place, behind the state's back, with bytes verified against these
+        block digests (a pull that received straight into it): its digest is cached from them."""
+        value = self.tensors[name]
+        self._cache.pop(name, None)
+        tz.mark_written(value)
+        key = self._key(value)
+        if key is not None:
+            self._cache[name] = _Cached(key, digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks),
+                                        tuple(blocks))
 
     def load_objects(self, raw: bytes) -> None:
         """Replace the objects with the unpickled `raw` (from an authenticated member only: it is pickle)."""
         self.objects = dict(pickle.loads(raw))
-
-    def _tensor_digest(self, name: str) -> str:
-        value = self.tensors[name]
-        cached = self._cache.get(name)
-        key = self._key(value)
-        if cached is not None and key is not None and cached.key == key:
-            return cached.digest
-        data = tz.host_bytes(value)
-        with self._count_lock:
-            self.hashed_bytes += len(data)
-        digest = tensor_digest(tz.dtype_name(value), tz.shape(value), data)
-        if key is not None:
-            self._cache[name] = _Cached(key, digest)
-        return digest
 
     def _key(self, value: Any) -> tuple | None:
         """The cache key of a torch tensor; None (never cached) for numpy."""
@@ -270,3 +350,17 @@ class SharedState:
         if version is None:
             return None
         return (tz.identity(value), version, self.revision)
+
+
+_SPAN_BLOCKS = 4     # blocks per unit of work when hashing on several threads
+
+
+def _hash_blocks(data, threads: int) -> tuple[int, ...]:
+    """The block digests of `data` (a 1-D uint8 array), spans of blocks on up to `threads` threads."""
+    n = block_count(len(data))
+    if threads <= 1 or n <= _SPAN_BLOCKS:
+        return tuple(block_digests(data))
+    from concurrent.futures import ThreadPoolExecutor
+    spans = [(b, min(_SPAN_BLOCKS, n - b)) for b in range(0, n, _SPAN_BLOCKS)]
+    with ThreadPoolExecutor(min(threads, len(spans)), thread_name_prefix="p2pgen-digest") as pool:
+        return tuple(d for part in pool.map(lambda span: block_digests(data, *span), spans) for d in part)

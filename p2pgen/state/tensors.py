@@ -77,6 +77,26 @@ def host_bytes(value: Any) -> np.ndarray:
     return np.ascontiguousarray(value).reshape(-1).view(np.uint8)
 
 
+def writable_bytes(value: Any) -> np.ndarray | None:
+    """A writable 1-D uint8 view of the tensor's own memory (contiguous CPU tensors), or None (CUDA,
+    non-contiguous, read-only). Writes through it are invisible to torch's `_version`: call
+    `mark_written` afterwards."""
+    if is_torch(value):
+        if value.device.type != "cpu" or not value.is_contiguous():
+            return None
+        return value.detach().reshape(-1).view(sys.modules["torch"].uint8).numpy()
+    if not (value.flags.c_contiguous and value.flags.writeable):
+        return None
+    return value.reshape(-1).view(np.uint8)
+
+
+def mark_written(value: Any) -> None:
+    """Tell torch that `value` was written behind its back (bumps `_version`, as an in-place op would,
+    so autograd and the digest cache see the change); nothing for numpy."""
+    if is_torch(value):
+        sys.modules["torch"].autograd.graph.increment_version(value)
+
+
 def write_in_place(value: Any, data: np.ndarray) -> None:
     """Copy verified bytes `data` (1-D uint8, len == nbytes(value)) into `value` without replacing it,
     so references held elsewhere (optimizer state, module parameters) stay valid."""

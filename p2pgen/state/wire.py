@@ -38,7 +38,13 @@ REASONS = ("auth_failed", "not_member", "wrong_incarnation", "stale_generation",
 
 
 class StateSyncError(P2PGenError):
-    """A state pull could not reach the frontier digest; the message says which source and why."""
+    """A state pull could not reach the frontier digest; the message says which source and why.
+
+    `changed` names the tensors the pull had already written (in place, or installed) when it failed:
+    when it is not empty the state is a mix of its old revision and the frontier, and must not be
+    reported as either (a peer restarts as a new incarnation, which restores its local copy)."""
+
+    changed: tuple[str, ...] = ()
 
 
 class DigestMismatch(StateSyncError):
@@ -119,9 +125,11 @@ class FrameSender:
         self.sock = sock
         self._stamp = (frame.job_tag(job), generation, incarnation)
 
-    def send(self, kind: int, op_seq: int, chunk: int, payload) -> None:
+    def send(self, kind: int, op_seq: int, chunk: int, payload, payload_digest: int | None = None) -> None:
+        """Send one frame; pass `payload_digest` only if it is the xxh3-64 of exactly these bytes (as
+        computed earlier): it then goes into the checksum without hashing the payload again."""
         tag, gen, inc = self._stamp
-        header = frame.pack_header(kind, tag, gen, inc, op_seq, chunk, payload)
+        header = frame.pack_header(kind, tag, gen, inc, op_seq, chunk, payload, payload_digest)
         views = [memoryview(header), memoryview(payload).cast("B")]
         while views:
             sent = self.sock.sendmsg(views)
@@ -156,15 +164,20 @@ class FrameReceiver:
     def recv(self, kind: int, op_seq: int, chunk: int, into: memoryview | None = None) -> memoryview | bytes:
         """The payload of the next frame, which must be (kind, op_seq, chunk) and, with `into`, exactly
         len(into) bytes, read straight into it. Raises ProtocolError (counted) or PeerLost."""
+        return self.recv_verified(kind, op_seq, chunk, into)[0]
+
+    def recv_verified(self, kind: int, op_seq: int, chunk: int,
+                      into: memoryview | None = None) -> tuple[memoryview | bytes, int]:
+        """`recv`, and the payload's digest (xxh3-64) that the frame's checksum verified."""
         try:
-            payload = self._recv(kind, op_seq, chunk, into)
+            payload, payload_digest = self._recv(kind, op_seq, chunk, into)
         except Refused as e:
             self._counters.add(e.reason)
             raise PeerLost(f"state source {self.source} closed the connection ({e.detail})") from e
         except OSError as e:
             raise PeerLost(f"receiving state from {self.source} failed: {e!r}") from e
         hooks.frame_moved(self.plane, "received", kind, op_seq, chunk, len(payload), self.source)
-        return payload
+        return payload, payload_digest
 
     def _recv(self, kind: int, op_seq: int, chunk: int, into: memoryview | None):
         recv_exact(self.sock, len(self._hdr), memoryview(self._hdr))
@@ -179,7 +192,8 @@ class FrameReceiver:
         if into is not None and h.length != len(into):
             self._fail("malformed", f"frame of {h.length} bytes where {len(into)} were expected")
         payload = recv_exact(self.sock, h.length, into)
-        if not frame.verify(self._hdr, payload, h):
+        payload_digest = frame.digest(payload)
+        if not frame.verify_digest(self._hdr, payload_digest, h):
             self._fail("bad_checksum", f"checksum mismatch in frame op_seq={h.op_seq} chunk={h.chunk}")
         got = (h.job_tag, h.generation, h.incarnation, h.kind, h.op_seq, h.chunk)
         want = (*self._stamp, kind, op_seq, chunk)
@@ -187,7 +201,7 @@ class FrameReceiver:
             reason = "stale_generation" if h.generation != self._stamp[1] else (
                 "wrong_incarnation" if h.incarnation != self._stamp[2] else "malformed")
             self._fail(reason, f"frame stamped (job_tag, gen, inc, kind, op_seq, chunk)={got}, expected {want}")
-        return payload
+        return payload, payload_digest
 
     def _source_refused(self, h: frame.Header):
         body = recv_exact(self.sock, h.length)

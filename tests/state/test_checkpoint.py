@@ -63,6 +63,16 @@ def test_a_torn_folder_left_by_a_dead_writer_is_not_listed(tmp_path):
     assert [c.revision for c in list_checkpoints(tmp_path)] == [5]
 
 
+def test_a_checkpoint_of_another_format_is_not_offered(tmp_path, caplog):
+    """Format 1 hashed tensors in one pass; its digests are not this p2pgen's: skipped, with the reason."""
+    old, new = write(tmp_path, 5), write(tmp_path, 6)
+    body = json.loads((old / ck.MANIFEST).read_text())
+    body["format"] = 1
+    (old / ck.MANIFEST).write_text(json.dumps(body))
+    assert [c.revision for c in list_checkpoints(tmp_path)] == [6]
+    assert "format 1, this p2pgen reads 2" in caplog.text and new.exists() and old.exists()
+
+
 def test_a_corrupted_checkpoint_is_refused_and_set_aside(tmp_path):
     write(tmp_path, 5)
     (info,) = list_checkpoints(tmp_path)

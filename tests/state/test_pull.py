@@ -198,15 +198,39 @@ def test_a_source_that_is_not_at_the_frontier_is_dropped(servers):
         pull(dst, [s], frontier=Frontier(src.revision, "f" * 32))
 
 
-def test_bytes_that_do_not_match_the_manifest_leave_the_tensor_untouched(servers):
+def test_bytes_that_do_not_match_the_manifest_leave_a_staged_tensor_untouched(servers):
     src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
     s = Serving(servers(src, ("p0", 1)))
     src.tensors["layer1.weight"][0] += 1.0      # breaks the window contract: numpy writes are invisible to it
     before = bytes_of(dst)
-    with pytest.raises(DigestMismatch, match="layer1.weight"):
-        pull(dst, [s])
+    with pytest.raises(DigestMismatch, match="layer1.weight") as raised:
+        pull(dst, [s], config=dataclasses.replace(SMALL, in_place=False))
     assert bytes_of(dst)["layer1.weight"] == before["layer1.weight"]
+    assert "layer1.weight" not in raised.value.changed
     assert dst.revision == 10 and dst.objects["rng"] != src.objects["rng"]   # objects not applied either
+
+
+def test_bytes_that_do_not_match_the_manifest_received_in_place_are_reported_as_a_changed_state(servers):
+    """In place (the default), a tensor that fails verification has already been written: the error names
+    it in `changed` and says the state holds neither revision; the revision and objects are not applied."""
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    s = Serving(servers(src, ("p0", 1)))
+    src.tensors["layer1.weight"][0] += 1.0
+    before = bytes_of(dst)
+    with pytest.raises(DigestMismatch, match="layer1.weight") as raised:
+        pull(dst, [s])
+    assert "layer1.weight" in raised.value.changed and "holds neither its revision 10" in str(raised.value)
+    assert bytes_of(dst)["layer1.weight"] != before["layer1.weight"]
+    assert dst.revision == 10 and dst.objects["rng"] != src.objects["rng"]
+
+
+def test_a_pull_refused_before_any_byte_reports_nothing_changed(servers):
+    src, dst = make_state(7, 1 << 20), make_state(8, 1 << 20)
+    before = bytes_of(dst)
+    s = Serving(servers(src, ("p0", 1), allowed={"someone-else"}))
+    with pytest.raises(StateSyncError) as raised:
+        pull(dst, [s])
+    assert raised.value.changed == () and bytes_of(dst) == before
 
 
 def test_a_torch_tensor_written_inside_the_window_is_refused(servers):

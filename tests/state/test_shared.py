@@ -77,10 +77,51 @@ def test_manifest_round_trips_and_refuses_a_tampered_one():
     m = state.manifest()
     assert Manifest.from_wire(m.to_wire()) == m
     assert m.digest == state.digest() and m.revision == 4 and m.entry("e").shape == (0, 3)
-    bad = m.to_wire()
-    bad["entries"][0][1] = "0" * 32
-    with pytest.raises(ValueError, match="does not match"):
-        Manifest.from_wire(bad)
+    for tamper, error in ((lambda w: w["entries"][0].__setitem__(1, "0" * 32), "do not add up to its digest"),
+                          (lambda w: w["entries"][1][5].__setitem__(0, w["entries"][1][5][0] ^ 1), "do not add up"),
+                          (lambda w: w["entries"][1][5].append(7), "has 2 block digests"),
+                          (lambda w: w["entries"][1][5].__setitem__(0, -1), "out of range"),
+                          (lambda w: w.__setitem__("digest", "0" * 32), "does not match its entries")):
+        bad = m.to_wire()
+        tamper(bad)
+        with pytest.raises(ValueError, match=error):
+            Manifest.from_wire(bad)
+
+
+def test_a_tensor_digest_is_built_from_its_block_digests():
+    """Blocks of DIGEST_BLOCK bytes, each xxh3-64 (a data frame's payload digest), then xxh3-128 over
+    dtype, shape and the block digests: equal for every way of computing it, and sensitive to every block."""
+    from p2pgen.state.shared import DIGEST_BLOCK, block_digests, digest_of_blocks, tensor_digest
+    from p2pgen.transport import frame
+    data = np.random.default_rng(3).integers(0, 256, 2 * DIGEST_BLOCK + 5, dtype=np.uint8)
+    blocks = block_digests(data)
+    assert len(blocks) == 3 and blocks[2] == frame.digest(data[2 * DIGEST_BLOCK:])
+    whole = tensor_digest("uint8", (len(data),), data)
+    assert whole == digest_of_blocks("uint8", (len(data),), blocks)
+    state = SharedState({"t": data})
+    assert state.tensor_digests(threads=1)["t"] == state.tensor_digests(threads=4)["t"] == whole
+    for b in range(3):
+        other = data.copy()
+        other[b * DIGEST_BLOCK] ^= 1
+        assert tensor_digest("uint8", (len(data),), other) != whole
+    assert tensor_digest("int8", (len(data),), data) != whole
+    assert len(block_digests(np.zeros(0, np.uint8))) == 1
+
+
+def test_holds_stops_at_the_first_differing_block_and_caches_an_equal_torch_tensor():
+    from p2pgen.state.shared import DIGEST_BLOCK
+    src = SharedState({"t": np.arange(3 * DIGEST_BLOCK, dtype=np.uint8), "w": torch.arange(1000.0)})
+    entries = {e.name: e for e in src.manifest().entries}
+    fresh = SharedState({"t": np.zeros(3 * DIGEST_BLOCK, np.uint8), "w": torch.zeros(1000)})
+    assert not fresh.holds(entries["t"]) and fresh.hashed_bytes == DIGEST_BLOCK     # one block, not three
+    late = np.arange(3 * DIGEST_BLOCK, dtype=np.uint8)
+    late[-1] ^= 1
+    assert not SharedState({"t": late}).holds(entries["t"])
+    same = SharedState({"t": np.arange(3 * DIGEST_BLOCK, dtype=np.uint8), "w": torch.arange(1000.0)})
+    assert same.holds(entries["t"]) and same.holds(entries["w"])
+    hashed = same.hashed_bytes
+    assert same.holds(entries["w"]) and same.hashed_bytes == hashed                 # cached
+    assert same.digest() == src.digest()
 
 
 def test_unsupported_values_are_refused():
