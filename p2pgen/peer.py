@@ -496,15 +496,28 @@ class Peer:
         except P2PGenError as e:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self.trace.record("pull_failed", generation=generation, reason=str(e))
-            if isinstance(e, StateSyncError) and e.changed:   # a mix of two revisions: never vote it; the
-                self.close()                                     # next incarnation restores the local copy
-                raise Evicted(f"{e}: this process must not vote this state; its agent restarts it") from e
+            if isinstance(e, StateSyncError) and e.changed:
+                self._recover_from_failed_pull(view, e)
             return None
         self.lineage = pending.parent      # the frontier was elected on the history of the active generation
         for obj in self.state.sharded.values():
             obj.keep_only([])              # shards of the revision it left: never claimed at the frontier's
         self.trace.record("pulled", generation=generation, revision=self.state.revision, report=str(report))
         return True
+
+    def _recover_from_failed_pull(self, view: JobView, error: StateSyncError) -> None:
+        """The failed pull wrote tensors: the state is a mix of two revisions and must never be voted. Put
+        it back to the local copy (then vote again, as after any failed pull), or restart (Evicted): the
+        next incarnation starts from its local copy, or from scratch."""
+        line = self.keeper.recover(view) if self.keeper is not None else ""
+        if not line:
+            self.close()
+            raise Evicted(f"{error}: this process must not vote this state, and it has no local copy to go back "
+                          "to; its agent restarts it") from error
+        if self.keeper.lineage:
+            self.lineage = self.keeper.lineage
+        self.trace.record("recovered", generation=view.pending.generation if view.pending else None,
+                          revision=self.state.revision, note=line)
 
     def _load_checkpoint(self, action: Fetch, view: JobView) -> bool:
         """The election chose a checkpoint this process offered: load it and serve it."""

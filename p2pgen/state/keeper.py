@@ -104,20 +104,36 @@ class StateKeeper:
                              f"left that branch of history (forks {list(view.forks)})")
             log.warning("%s", self.restored)
             return self.restored
+        self.restored = self._load_local()[1]
+        return self.restored
+
+    def recover(self, view: JobView) -> str:
+        """After a catch-up failed having written some tensors (a mix of two revisions): put the state back
+        to the local copy, if there is one on the job's branch. Returns what happened; "" when the state
+        could not be recovered this way (the process must then restart)."""
+        self.instance = view.instance
+        info = self.local.describe() if self.local is not None else None
+        if info is None or not view.on_branch(info.epoch, info.revision):
+            return ""
+        loaded, line = self._load_local()
+        return line if loaded else ""
+
+    def _load_local(self) -> tuple[bool, str]:
+        """Load the local copy (verified before anything is written): whether it was, and a line saying so."""
         try:
             done = self.local.load_into(self.state, instance=self.instance)
         except LocalCopyError as e:
-            self.restored = f"local copy in {self.local.folder} not used: {e}"
-            log.warning("%s", self.restored)
-            return self.restored
+            line = f"local copy in {self.local.folder} not used: {e}"
+            log.warning("%s", line)
+            return False, line
         self.epoch = done.info.epoch
         self.lineage = done.info.generation
         self._saved = (done.info.revision, done.info.digest)
-        self.restored = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
-                         f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "
-                         f"{done.info.nbytes / 1e6:.1f} MB verified and loaded in {done.seconds * 1e3:.0f} ms)")
-        log.warning("%s", self.restored)
-        return self.restored
+        line = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
+                f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "
+                f"{done.info.nbytes / 1e6:.1f} MB verified and loaded in {done.seconds * 1e3:.0f} ms)")
+        log.warning("%s", line)
+        return True, line
 
     def vote_fields(self, view: JobView) -> dict[str, Any]:
         """What a `ready` vote says about the state (its epoch) and the newest usable checkpoint."""

@@ -187,6 +187,8 @@ class _Pull:
         if plan.objects:
             self.state.load_objects(plan.objects_raw)
         self.state.revision = plan.manifest.revision
+        for t in plan.fetch:           # keyed by the new revision: `synced` hashes none of them again
+            self.state.verified(plan.manifest.entries[t].name, plan.manifest.entries[t].blocks)
         digest = self._final_digest()
         if digest != self.frontier.digest:
             self.counters.add("digest_mismatch")
@@ -437,11 +439,11 @@ class _Pull:
             self._mismatch(f"tensor {entry.name!r} does not hash to its manifest digest {entry.digest}"
                            + ("" if own else "; it was left untouched"))
         if own:
-            self.state.written(entry.name, blocks)
+            tz.mark_written(self.state.tensors[entry.name])     # torch's _version, as copy_ would bump it
         else:
             with self.cond:
                 self.changed.add(entry.name)
-            self.state.load_tensor(entry.name, data, blocks)
+            self.state.load_tensor(entry.name, data)
         with self.cond:
             self.plan.installed[entry.name] = entry.digest
             if not own:

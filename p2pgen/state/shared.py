@@ -314,27 +314,21 @@ class SharedState:
         """The bytes of tensor `name` as a 1-D uint8 numpy array (a view for contiguous CPU tensors)."""
         return tz.host_bytes(self.tensors[name])
 
-    def load_tensor(self, name: str, data: Any, blocks: tuple[int, ...] | None = None) -> None:
-        """Copy verified bytes (1-D uint8) into tensor `name` in place.
+    def load_tensor(self, name: str, data: Any) -> None:
+        """Copy verified bytes (1-D uint8) into tensor `name` in place; its digest is recomputed next time
+        (or taken from `verified`).
 
         The caller has verified `data` against the source's digest: this is how a pull writes user tensors.
-        With `blocks`, the block digests the caller verified `data` against, a torch tensor's digest is
-        cached from them (its next `digest()` hashes nothing); otherwise it is recomputed next time.
         """
         value = self.tensors[name]
         self._cache.pop(name, None)
         tz.write_in_place(value, data)
-        key = self._key(value)
-        if blocks is not None and key is not None:
-            digest = digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks)
-            self._cache[name] = _Cached(key, digest, tuple(blocks))
 
-    def written(self, name: str, blocks: tuple[int, ...]) -> None:
-        """Tensor `name` was written in place, behind the state's back, with bytes verified against these
-        block digests (a pull that received straight into it): its digest is cached from them."""
+    def verified(self, name: str, blocks: tuple[int, ...]) -> None:
+        """Tensor `name` holds bytes the caller verified against these block digests (a pull that wrote it,
+        once the revision is applied): a torch tensor's digest is cached from them, so the next `digest()`
+        hashes nothing; a numpy array has no change counter and is hashed again anyway."""
         value = self.tensors[name]
-        self._cache.pop(name, None)
-        tz.mark_written(value)
         key = self._key(value)
         if key is not None:
             self._cache[name] = _Cached(key, digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks),

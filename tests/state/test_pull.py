@@ -269,9 +269,9 @@ def test_staging_buffers_of_many_sizes_are_reused_without_mixing_them_up(servers
 
 
 def test_the_final_digest_is_the_state_digest_whatever_the_tensor_layout(servers):
-    """The pull's final digest is built from digests taken as tensors were installed; it must equal
-    `state.digest()` recomputed from scratch, for contiguous and non-contiguous numpy and torch tensors
-    (these two are written by `load_tensor` and hashed afterwards), and in-place torch writes bump `_version`."""
+    """The pull's final digest is built from the verified block digests; it must equal `state.digest()`
+    recomputed from scratch, for contiguous (received in place) and non-contiguous (staged, then written by
+    `load_tensor`) numpy and torch tensors, and writes into a torch tensor bump its `_version`."""
     rng = np.random.default_rng(5)
     base = {"a": rng.standard_normal(3000, dtype=np.float32), "b": rng.integers(0, 9, (40, 30)).astype(np.int64),
             "c": torch.randn(50, 20), "d": torch.randn(30, 40)}
@@ -285,3 +285,17 @@ def test_the_final_digest_is_the_state_digest_whatever_the_tensor_layout(servers
     assert report.digest == src.digest() == dst.digest()
     assert dst.tensors["c"]._version > version_c
     assert bytes_of(dst) == bytes_of(src)
+    dst.touch()
+    assert dst.digest() == src.digest()
+
+
+@pytest.mark.parametrize("chunk_bytes", [64 << 10, 4 << 20], ids=["chunks_within_a_block", "one_block_per_chunk"])
+def test_pulled_torch_tensors_are_not_hashed_again_for_synced(servers, chunk_bytes):
+    """A pull caches the verified digests of the torch tensors it wrote, keyed by the new revision, so the
+    digest a peer reports as `synced` hashes nothing; numpy arrays are hashed again (no change counter)."""
+    src = SharedState({"w": torch.randn(3 << 20), "v": torch.randn(1000), "n": np.arange(500.0)}, revision=3)
+    dst = SharedState({"w": torch.zeros(3 << 20), "v": torch.zeros(1000), "n": np.zeros(500)}, revision=1)
+    pull(dst, [Serving(servers(src, ("p0", 1)))], config=PullConfig(chunk_bytes=chunk_bytes))
+    hashed = dst.hashed_bytes
+    assert dst.digest() == src.digest() and dst.revision == 3
+    assert dst.hashed_bytes - hashed == dst.tensors["n"].nbytes
