@@ -47,7 +47,7 @@ from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
 from p2pgen.core import Command, Configure, Kept, Leave, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
-from p2pgen.core.steward import relaunch_due, standby_due, vote_owed
+from p2pgen.core.steward import hand_over_due, relaunch_due, standby_due, vote_owed
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
@@ -656,16 +656,15 @@ class Agent:
 
     def _hand_over(self) -> None:
         """A member asked to leave while it is the only one holding the job's state (the active generation is
-        just itself, other members are on their way back) keeps training until another member holds the state
-        (it joins at a step boundary and pulls), at most `regress_wait` seconds: leaving at once would take
-        the job's state with it."""
+        just itself, and another member is registered or on its way back: `hand_over_due`) keeps training
+        until another member holds the state (it joins at a step boundary and pulls), at most `regress_wait`
+        seconds: leaving at once would take the job's state with it."""
         deadline = time.monotonic() + self.config.state.regress_wait
         said = False
         while time.monotonic() < deadline and self.app is not None and not self.app.exited.is_set():
             view = self.membership.view()
             machine = view.machine if view is not None else None
-            if machine is None or machine.active is None or len(machine.members) < 2 or \
-                    [m.identity for m in machine.active.members] != [(self.config.peer_id, self.incarnation)]:
+            if machine is None or not hand_over_due(machine, (self.config.peer_id, self.incarnation), time.time()):
                 return
             if not said:
                 log.warning("leaving: this member alone holds the job's state; it keeps training until another "

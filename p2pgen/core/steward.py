@@ -2,15 +2,18 @@
 level-triggered reconcile applies every turn (the driver performs them: Raft submits, process launches).
 
 Owns: when a dead application's next incarnation may start, when the agent owes a `ready` vote on its
-member's behalf, and when it may start a warm standby (`p2pgen join --standby 1`). Eviction is the machine's
-own `was_evicted`.
+member's behalf, when it may start a warm standby (`p2pgen join --standby 1`), and when a member asked to
+leave must first hand the job's state over. Eviction is the machine's own `was_evicted`.
 Invariants kept:
 - a death is visible in the history as its own certified generation: the next incarnation starts once the
   job certified a generation without the dead one, unless nobody can (no member left, or the pending proposal
   is held waiting for state this host may bring back), or the bounded wait is over;
 - the agent votes at most once per (pending generation, incarnation), and only for its own current member;
 - a warm standby never competes for the CPU with its application's own start: it starts once the application
-  runs in the active generation (its start-up is over), or after a bounded wait.
+  runs in the active generation (its start-up is over), or after a bounded wait;
+- a member asked to leave never takes the only copy of the job's state with it while another member can
+  take it: a registered one, or one whose application is restarting (its agent reported the local copy it
+  left, `Kept`), however far behind that copy is.
 """
 
 from __future__ import annotations
@@ -49,3 +52,16 @@ def standby_due(machine: GenerationMachine, identity: tuple[str, int] | None, ap
         return False
     running = machine.active is not None and identity in {m.identity for m in machine.active.members}
     return (running and quiet_for >= quiet) or app_age >= settle
+
+
+def hand_over_due(machine: GenerationMachine, identity: tuple[str, int], now: float) -> bool:
+    """Whether `identity`, asked to leave, must keep training until another member holds the job's state: it
+    alone is the active generation (every step since the last change exists only in its process) and some
+    other member is registered, or is on its way back (its agent reported the copy its dead application left,
+    less than `regress_wait` ago: its next incarnation registers, then pulls the state)."""
+    active = machine.active
+    if active is None or [m.identity for m in active.members] != [identity]:
+        return False
+    others = [m for m in machine.members if m.peer_id != identity[0]]
+    returning = [k for k in machine.kept.values() if k.peer_id != identity[0] and now < k.at + machine.regress_wait]
+    return bool(others or returning)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from p2pgen.core import GenerationMachine, LogPosition, Ready, Register, Suspect
-from p2pgen.core.steward import relaunch_due, standby_due, vote_owed
+from p2pgen.core import Configure, GenerationMachine, Leave, LogPosition, Ready, Register, Suspect, Synced
+from p2pgen.core.steward import hand_over_due, relaunch_due, standby_due, vote_owed
 
 
 def machine_of(*commands) -> GenerationMachine:
@@ -56,3 +56,36 @@ def test_a_standby_starts_once_its_application_ran_in_the_active_generation_for_
     assert due(("a", 1), 0.5, 1.0)                  # its start-up is over
     assert not due(("a", 2), 0.5, 1.0)              # a newer one still starting
     assert not due(None, 99.0, 99.0)                # no live application: its successor first
+
+
+def test_a_leaver_alone_with_the_state_hands_it_over_to_a_member_registered_or_on_its_way_back():
+    """Seen in `p2pgen stress --seed 3`: b's application died (its agent reported the copy it left), so a was
+    the whole active generation and trained on alone; a was asked to leave and left at once, since no other
+    member was registered; b's next incarnation resumed from its copy, 126 steps behind, and nobody knew."""
+    m = machine_of(Configure(1, regress_wait=30.0, at=0.0), Register("a", 1, at=0.0), Register("b", 1, at=0.0))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 4))
+    m.apply(Ready(m.pending.generation, "b", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 5))
+    assert not hand_over_due(m, ("a", 1), now=2.0)                 # b holds the state too
+    m.apply(Suspect("b", "b", 1, "application died", kept_revision=5, kept_digest="d5", kept_lineage=m.active.generation,
+                    at=3.0), LogPosition(1, 6))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=3.0), LogPosition(1, 7))
+    assert [x.identity for x in m.active.members] == [("a", 1)] and not [x for x in m.members if x.peer_id == "b"]
+    assert hand_over_due(m, ("a", 1), now=4.0)                     # b#2 is on its way back: wait for it
+    assert not hand_over_due(m, ("a", 1), now=33.0)                # not after regress_wait
+    assert not hand_over_due(m, ("b", 1), now=4.0)                 # only the one holding the state
+    m.apply(Register("b", 2, at=5.0), LogPosition(1, 8))
+    assert hand_over_due(m, ("a", 1), now=5.0)                     # registered, not holding it yet
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 40, "d40", at=6.0), LogPosition(1, 9))
+    m.apply(Ready(m.pending.generation, "b", 2, "proved", 5, "d5", at=6.0), LogPosition(1, 10))
+    assert m.pending.election.frontier.revision == 40
+    m.apply(Synced(m.pending.generation, "b", 2, "d40", at=6.5), LogPosition(1, 11))
+    assert not hand_over_due(m, ("a", 1), now=7.0)                 # b#2 pulled it: a may leave
+
+
+def test_a_leaver_alone_in_the_job_leaves_at_once():
+    m = machine_of(Register("a", 1, at=0.0))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 2))
+    assert not hand_over_due(m, ("a", 1), now=2.0)
+    m.apply(Register("b", 1, at=3.0), LogPosition(1, 3))
+    m.apply(Leave("b", 1, at=4.0), LogPosition(1, 4))
+    assert not hand_over_due(m, ("a", 1), now=5.0)                 # b left: nobody to hand it to
