@@ -372,9 +372,10 @@ class Agent:
         process holds its port): if it ran the leader, this node campaigns now rather than after a timeout."""
         self._events.put(("agent_lost", peer, instance, why))
         self.voters.poke()
-        view = self.node.view() if proven else None
+        node = self.node          # the heartbeat thread calls this: between two Raft nodes there is none
+        view = node.view() if proven and node is not None else None
         if view is not None and view.leader is not None and control_addr_of(view.leader) == peer:
-            self.node.hasten_election(view.leader)
+            node.hasten_election(view.leader)
 
     def _wake_driver(self) -> None:
         """A node published a new view (an entry applied, a leader or term change): the driver and the voter
