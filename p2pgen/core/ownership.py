@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 
 ShardKey = tuple[str, int]          # (object id, shard index)
 _FORBIDDEN = set(":; ,=#")
-VERIFY_RULE_SHARD = ("xxh3-128 over 'dtype|shape|' and the shard's bytes equals the shard digest that the "
+VERIFY_RULE_SHARD = ("xxh3-128 over 'dtype|shape|' and the xxh3-64 digests of the shard's 4 MiB blocks equals "
+                     "the shard digest that the "
                      "owners agreed on at the object's revision; the object digest is xxh3-128 over the ordered "
                      "shard digests")
 

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 FORMAT = 2    # 2: tensor digests built from block digests (`state.shared`); format 1 is not read
 MANIFEST = "MANIFEST.json"
 STALE_TMP_S = 3600.0
-VERIFY_RULE = "xxh3-128 over 'dtype|shape|' and the bytes equals digest; digests add up to the manifest digest"
+VERIFY_RULE = ("xxh3-128 over 'dtype|shape|' and the xxh3-64 digests of the bytes' 4 MiB blocks equals digest; "
+               "digests add up to the manifest digest")
 
 
 class CheckpointError(Exception):

@@ -16,8 +16,8 @@ Contract and invariants:
   a staging buffer and is copied in only once all of its bytes hash to the manifest's digest. Objects
   and revision are applied last, once every tensor verified.
 - A pull that fails after it wrote any tensor says so: `StateSyncError.changed` names them, and the
-  state, a mix of its old revision and the frontier, must not be reported as either (the peer restarts
-  as a new incarnation, which restores its local copy). One that fails before writing leaves it as it was.
+  state, a mix of its old revision and the frontier, must not be reported as either (the peer goes back
+  to its local copy, or restarts as a new incarnation). One that fails before writing leaves it as it was.
 - Every received byte is hashed once. A tensor digest is built from block digests (`state.shared`): a
   chunk that is exactly one block (the default chunk size) gets its block digest from the frame's own
   checksum verification; a block made of other chunks is hashed from staging when its last byte lands.
@@ -125,7 +125,7 @@ class _Plan:
     blocks: dict[int, list] = field(default_factory=dict)       # tensor index -> block digests (None: not yet)
     block_left: dict[int, list] = field(default_factory=dict)   # tensor index -> bytes of each block not landed
     unresolved: dict[int, int] = field(default_factory=dict)    # tensor index -> blocks without a digest yet
-    installed: dict[str, str] = field(default_factory=dict)     # name -> digest of the user tensor's new bytes
+    installed: set = field(default_factory=set)                 # names of the tensors written and verified
     in_place: set = field(default_factory=set)                  # tensors receiving straight into their memory
 
 
@@ -206,7 +206,7 @@ class _Pull:
         the tensors once more: a fetched tensor holds exactly its verified bytes, a skipped one was found
         to hold the manifest's at the start (nobody touches the state during a pull); the loaded objects
         are re-pickled and hashed now."""
-        digests = {e.name: self.plan.installed.get(e.name, e.digest) for e in self.plan.manifest.entries}
+        digests = {e.name: e.digest for e in self.plan.manifest.entries}
         return manifest_digest(digests, self.state.objects_digest()[0])
 
     # ---- one worker per source -----------------------------------------------------------------
@@ -445,7 +445,7 @@ class _Pull:
                 self.changed.add(entry.name)
             self.state.load_tensor(entry.name, data)
         with self.cond:
-            self.plan.installed[entry.name] = entry.digest
+            self.plan.installed.add(entry.name)
             if not own:
                 self.plan.pool.append(data.base if data.base is not None else data)
 

@@ -103,7 +103,8 @@ class StateServer:
     # ---- window --------------------------------------------------------------------------------
     def _open_window(self, generation: int) -> _Window:
         names = sorted(self.state.tensors)
-        window = _Window(generation, self.state.manifest(), tuple(tz.version(self.state.tensors[n]) for n in names),
+        window = _Window(generation, self.state.manifest(),
+                         tuple(tz.version(self.state.tensors[n]) for n in names),
                          objects_bytes(self.state.objects), _held_shards(self.state))
         with self._cond:
             if self._window is not None:

@@ -8,8 +8,7 @@ shorter; an empty tensor has one empty block), each block is hashed with xxh3-64
 the same function as a data frame's payload digest), and the digest is xxh3-128 over "dtype|shape|"
 followed by the block digests (u64 little endian). So a frame that carries exactly one block proves that
 block's digest as it is verified, with no second pass: a puller hashes each received byte once, and a
-source sends the block digests it computed for the manifest instead of hashing its frames again. Blocks
-also hash in parallel, so one large tensor uses every thread it is given.
+source sends the block digests it computed for the manifest instead of hashing its frames again.
 
 Invariants:
 - The manifest digest is a function of content only (sorted names, tensor digests, objects digest),
@@ -247,31 +246,27 @@ class SharedState:
         else:
             self._cache.pop(name, None)
 
-    def tensor_digests(self, threads: int = 1) -> dict[str, str]:
-        """name -> digest, sorted by name. `threads` > 1 hashes that many blocks at a time (xxhash releases
-        the GIL), for a caller that has idle cores, as a puller about to wait for its sources has."""
-        return {name: digest for name, (digest, _) in self.tensor_blocks(threads).items()}
+    def tensor_digests(self) -> dict[str, str]:
+        """name -> digest, sorted by name."""
+        return {name: digest for name, (digest, _) in self.tensor_blocks().items()}
 
-    def tensor_blocks(self, threads: int = 1) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """name -> (digest, block digests), sorted by name; cached as `tensor_digests` is."""
+    def tensor_blocks(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (digest, block digests), sorted by name; a torch tensor's are cached (see above)."""
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
-        todo: list[tuple[str, Any, tuple | None]] = []
-        for name in sorted(self.tensors):
+        for name in sorted(self.tensors):     # one at a time: a CUDA tensor's host copy lives only while hashed
             value = self.tensors[name]
-            key, cached = self._key(value), self._cache.get(name)
-            if cached is not None and key is not None and cached.key == key:
+            key, cached = self._cached(name, value)
+            if cached is not None:
                 out[name] = (cached.digest, cached.blocks)
-            else:
-                todo.append((name, value, key))
-        for name, value, key in todo:     # one at a time: a CUDA tensor's host copy lives only while hashed
-            blocks = _hash_blocks(tz.host_bytes(value), threads)
+                continue
+            blocks = tuple(block_digests(tz.host_bytes(value)))
             with self._count_lock:
                 self.hashed_bytes += tz.nbytes(value)
             digest = digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks)
             if key is not None:
                 self._cache[name] = _Cached(key, digest, blocks)
             out[name] = (digest, blocks)
-        return dict(sorted(out.items()))
+        return out
 
     def objects_digest(self) -> tuple[str, int]:
         """(digest, size) of the pickled objects."""
@@ -297,13 +292,13 @@ class SharedState:
         value = self.tensors[entry.name]
         if (tz.dtype_name(value), tz.shape(value)) != (entry.dtype, entry.shape):
             return False
-        key, cached = self._key(value), self._cache.get(entry.name)
-        if cached is not None and key is not None and cached.key == key:
+        key, cached = self._cached(entry.name, value)
+        if cached is not None:
             return cached.digest == entry.digest
         data = tz.host_bytes(value)
         for b, want in enumerate(entry.blocks):
             with self._count_lock:
-                self.hashed_bytes += len(data[b * DIGEST_BLOCK:(b + 1) * DIGEST_BLOCK])
+                self.hashed_bytes += min(DIGEST_BLOCK, len(data) - b * DIGEST_BLOCK)
             if block_digests(data, b, 1)[0] != want:
                 return False
         if key is not None:
@@ -338,6 +333,11 @@ class SharedState:
         """Replace the objects with the unpickled `raw` (from an authenticated member only: it is pickle)."""
         self.objects = dict(pickle.loads(raw))
 
+    def _cached(self, name: str, value: Any) -> tuple[tuple | None, _Cached | None]:
+        """(cache key of `value`, its cache entry if that entry is still valid, else None)."""
+        key, cached = self._key(value), self._cache.get(name)
+        return key, (cached if cached is not None and key is not None and cached.key == key else None)
+
     def _key(self, value: Any) -> tuple | None:
         """The cache key of a torch tensor; None (never cached) for numpy."""
         version = tz.version(value)
@@ -345,16 +345,3 @@ class SharedState:
             return None
         return (tz.identity(value), version, self.revision)
 
-
-_SPAN_BLOCKS = 4     # blocks per unit of work when hashing on several threads
-
-
-def _hash_blocks(data, threads: int) -> tuple[int, ...]:
-    """The block digests of `data` (a 1-D uint8 array), spans of blocks on up to `threads` threads."""
-    n = block_count(len(data))
-    if threads <= 1 or n <= _SPAN_BLOCKS:
-        return tuple(block_digests(data))
-    from concurrent.futures import ThreadPoolExecutor
-    spans = [(b, min(_SPAN_BLOCKS, n - b)) for b in range(0, n, _SPAN_BLOCKS)]
-    with ThreadPoolExecutor(min(threads, len(spans)), thread_name_prefix="p2pgen-digest") as pool:
-        return tuple(d for part in pool.map(lambda span: block_digests(data, *span), spans) for d in part)

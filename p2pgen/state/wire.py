@@ -42,7 +42,7 @@ class StateSyncError(P2PGenError):
 
     `changed` names the tensors the pull had already written (in place, or installed) when it failed:
     when it is not empty the state is a mix of its old revision and the frontier, and must not be
-    reported as either (a peer restarts as a new incarnation, which restores its local copy)."""
+    reported as either (a peer goes back to its local copy, or restarts as a new incarnation)."""
 
     changed: tuple[str, ...] = ()
 

@@ -99,7 +99,7 @@ def test_a_tensor_digest_is_built_from_its_block_digests():
     whole = tensor_digest("uint8", (len(data),), data)
     assert whole == digest_of_blocks("uint8", (len(data),), blocks)
     state = SharedState({"t": data})
-    assert state.tensor_digests(threads=1)["t"] == state.tensor_digests(threads=4)["t"] == whole
+    assert state.tensor_digests()["t"] == whole
     for b in range(3):
         other = data.copy()
         other[b * DIGEST_BLOCK] ^= 1
