@@ -54,7 +54,8 @@ from p2pgen.transport import Connection, FrameKind, RecvSlot
 
 SHM_DIR = "/dev/shm"
 ENV = "P2PGEN_SHM"                # "0": never use shared memory (every member then uses the ring)
-MIN_BYTES = 64 << 10              # smaller calls take the ring (latency-bound; at world 2 its two hops win)
+MIN_BYTES = 64 << 10              # world 2: smaller calls take the ring (latency-bound: its two hops win)
+WIDE_WORLD = 3                    # from this world on, every call: the ring's 2(world-1) hops lose to one barrier
 MAX_BYTES = 1 << 30               # larger calls take the ring rather than a segment this large
 PIECE_BYTES = 4 << 20             # per member and piece (measured: 1 MiB pieces, 4x the barriers, cost 20-40 %)
 SMALL_BYTES = 1 << 20             # calls up to this size take one barrier and are reduced whole by every member
@@ -107,7 +108,8 @@ class ShmAllReduce:
 
     def takes(self, nbytes: int) -> bool:
         """Whether an all_reduce of `nbytes` tries this path (the same answer on every member)."""
-        return not self._refused and MIN_BYTES <= nbytes < self._too_big
+        least = 1 if self.world >= WIDE_WORLD else MIN_BYTES
+        return not self._refused and least <= nbytes < self._too_big
 
     def all_reduce(self, seq: int, op: ReduceOp, flat: Flat) -> bool:
         """Reduce `flat` in place; False (nothing written, every member told) if the ring must do it."""

@@ -111,6 +111,21 @@ def test_segment_grows_and_calls_mix_with_ring_collectives():
             assert all(out) and active
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_calls_of_a_few_bytes_take_shared_memory_from_world_three_and_the_ring_at_world_two(world):
+    """The ring's 2(world-1) hops lose to one barrier from world 3 on (8 B, world 4: 2.9x gloo against the
+    ring's 1.8-2.0x); at world 2 the ring's two hops win below MIN_BYTES."""
+    with LocalCluster(world) as cluster:
+        backends = cluster.backends(generation=1)
+
+        def body(b):
+            buf = np.full(2, b.rank + 1.0, np.float32)       # 8 bytes
+            b.all_reduce(buf)
+            return bool(np.all(buf == world * (world + 1) / 2)), b.shm_active
+
+        assert cluster.run(body, backends) == [(True, world >= shm.WIDE_WORLD)] * world
+
+
 def test_one_member_that_cannot_map_the_segment_makes_the_generation_use_the_ring():
     world = 3
     with LocalCluster(world) as cluster:

@@ -332,9 +332,10 @@ def check_bad_arguments_raise_at_the_call(m: Member) -> None:
 def check_generation_change_mid_collective(m: Member) -> None:
     """Every member but the last enters an all_reduce the last never joins; rank 0's generation is then
     retired: its Work fails with GenerationChanged and leaves the buffer untouched, the others fail
-    as rank 0 hangs up, and the same torch group then runs in generation 2. The buffer is below
-    shm.MIN_BYTES, so the all_reduce takes the ring, in which rank 0 sends only to its successor (through
-    shared memory rank 0 would also message the last member, whose irecv would then fail as malformed)."""
+    as rank 0 hangs up, and the same torch group then runs in generation 2. At world 3 and more the
+    all_reduce takes shared memory, whose barrier waits for every member's arrival before rank 0 sends
+    anything: rank 0 never sends to the last member, whose irecv (which would fail on another frame)
+    ends only when rank 0 retires."""
     assert m.world >= 3, "the last member must not be rank 0's ring successor"
     old, last = m.backend, m.world - 1
     t = torch.full((1 << 13,), 3.0)
