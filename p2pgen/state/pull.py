@@ -146,18 +146,22 @@ class _Pull:
         self.resumed = 0
         self.changed: set[str] = set()          # names of the user tensors written so far
         self.bar = None
+        self.running = 0                        # workers not yet ended
+        self.closing = False                    # the pull settled: workers still running are stopped
+        self.socks: dict[int, socket.socket] = {}   # worker index -> its connection, once connected
 
     # ---- driver --------------------------------------------------------------------------------
     def run(self, sources: list[Source]) -> PullReport:
         start = time.monotonic()
-        workers = [threading.Thread(target=self._worker, args=(s,), name=f"p2pgen-pull-{s.peer_id}", daemon=True)
-                   for s in sources]
+        workers = [threading.Thread(target=self._worker, args=(i, s), name=f"p2pgen-pull-{s.peer_id}", daemon=True)
+                   for i, s in enumerate(sources)]
+        self.running = len(workers)
         try:
             for w in workers:
                 w.start()
-            for w in workers:
-                w.join()
+            self._wait_until_settled()
         finally:
+            self._stop_stragglers(workers)
             if self.bar is not None:
                 self.bar.close()
         try:
@@ -170,11 +174,39 @@ class _Pull:
                           f"neither its revision {self.state.revision} nor the frontier",)
             raise
 
+    def _wait_until_settled(self) -> None:
+        """Until everything arrived, a fatal error, or every worker ended. Not until every worker ended: a
+        source that accepted the connection but does not answer (stopped, or closing its window) would
+        hold a complete pull for up to `connect_timeout` or `op_timeout`."""
+        with self.cond:
+            while self.fatal is None and self.running and not self._complete():
+                self.cond.wait()
+
+    def _stop_stragglers(self, workers: list[threading.Thread]) -> None:
+        """Shut down the connections of workers still running and wait for them (the shutdown ends their
+        blocked calls, so none writes a tensor after this returns). A worker still connecting has no
+        socket yet; it sees `closing` before it touches anything and ends on its own."""
+        with self.cond:
+            self.closing = True
+            socks = dict(self.socks)
+        for sock in socks.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for i, w in enumerate(workers):
+            if i in socks:
+                w.join()
+
+    def _complete(self) -> bool:
+        plan = self.plan
+        return (plan is not None and not self.queue and self.in_flight == 0 and not any(plan.remaining.values())
+                and (not plan.objects or plan.objects_raw is not None) and len(plan.installed) == len(plan.fetch))
+
     def _raise_if_incomplete(self) -> None:
         if self.fatal is not None:
             raise self.fatal
-        if self.plan is None or self.queue or any(self.plan.remaining.values()) or (
-                self.plan.objects and self.plan.objects_raw is None) or len(self.plan.installed) != len(self.plan.fetch):
+        if not self._complete():
             detail = "; ".join(f"{p}: {type(e).__name__}: {e}" for p, e in self.failures.items())
             err = StateSyncError(f"could not pull frontier {self.frontier.digest} (revision "
                                  f"{self.frontier.revision}) for generation {self.generation}: every source "
@@ -210,27 +242,34 @@ class _Pull:
         return manifest_digest(digests, self.state.objects_digest()[0])
 
     # ---- one worker per source -----------------------------------------------------------------
-    def _worker(self, source: Source) -> None:
+    def _worker(self, index: int, source: Source) -> None:
         sock = None
         try:
-            sock, rx = self._connect(source)
+            sock, rx = self._connect(index, source)
             self._adopt(self._manifest(sock, rx, source))
             while (item := self._take()) is not None:
                 self._do(sock, rx, source, item)
         except (P2PGenError, OSError) as e:
             with self.cond:
-                self.failures[source.peer_id] = e
-                self.cond.notify_all()
+                if not self.closing:        # not an error of the source's: the pull ended without it
+                    self.failures[source.peer_id] = e
         except BaseException as e:   # a bug: stop every worker and re-raise it in the caller
             with self.cond:
                 self.fatal = self.fatal or e
-                self.cond.notify_all()
         finally:
             if sock is not None:
                 sock.close()
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()
 
-    def _connect(self, source: Source) -> tuple[socket.socket, wire.FrameReceiver]:
+    def _connect(self, index: int, source: Source) -> tuple[socket.socket, wire.FrameReceiver]:
         sock = socket.create_connection((source.host, source.port), timeout=self.config.connect_timeout)
+        with self.cond:
+            if self.closing:
+                sock.close()
+                raise StateSyncError(f"the pull ended before source {source.peer_id} answered")
+            self.socks[index] = sock
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = handshake.Hello(self.job, self.generation, self.me, (source.peer_id, source.incarnation),
@@ -261,7 +300,7 @@ class _Pull:
     def _adopt(self, manifest: Manifest) -> None:
         """The first frontier manifest fixes the plan (every other one has the same digest)."""
         with self.cond:
-            if self.plan is not None:
+            if self.plan is not None or self.closing:
                 return
             self.plan = self._make_plan(manifest)
             self.cond.notify_all()

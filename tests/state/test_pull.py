@@ -299,3 +299,24 @@ def test_pulled_torch_tensors_are_not_hashed_again_for_synced(servers, chunk_byt
     hashed = dst.hashed_bytes
     assert dst.digest() == src.digest() and dst.revision == 3
     assert dst.hashed_bytes - hashed == dst.tensors["n"].nbytes
+
+
+def test_a_complete_pull_does_not_wait_for_a_source_that_never_answers(servers):
+    """A source that accepted the connection but never answers the handshake (stopped with SIGSTOP, say)
+    must not hold a pull the other source completed: with timeouts of an hour, waiting for it would hang
+    this test until its timeout."""
+    src, dst = make_state(3, 1 << 20), make_state(4, 1 << 20)
+    a = Serving(servers(src, ("p0", 1)))
+    mute = socket.socket()
+    try:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(4)                    # the kernel completes the TCP handshake; nobody ever accepts
+        silent = dataclasses.replace(source_of(a), peer_id="p9", port=mute.getsockname()[1])
+        config = dataclasses.replace(SMALL, connect_timeout=3600.0, op_timeout=3600.0)
+        report = pull_state(dst, job=JOB, secret=SECRET, me=("joiner", 7), generation=GEN,
+                            frontier=Frontier(a.manifest.revision, a.manifest.digest),
+                            sources=[silent, source_of(a)], config=config, progress=False)
+    finally:
+        mute.close()
+    assert dst.digest() == src.digest() and bytes_of(dst) == bytes_of(src)
+    assert set(report.bytes_by_source) == {"p0"} and report.failed_sources == {}
