@@ -80,7 +80,8 @@ class Injector:
         self.all = [Injection(**i) for i in config["injections"]]
         self.mine = [i for i in self.all if i.peer in (peer_id, ANY_PEER)]
         self.peer: Peer | None = None
-        self.frames_armed: tuple[int, int, int] | None = None      # (collective seq, revision, world)
+        self.frames_armed: tuple[int, int, int] | None = None      # (collective seq, revision, frames at least)
+        self.frames_posted = 0                                       # by this member, in the armed collective
         self.committed: collections.deque = collections.deque(maxlen=STALE_BACK + 1)   # stale_replica's copies
 
     def at(self, point: str, revision: int, **context: Any) -> None:
@@ -89,16 +90,25 @@ class Injector:
                 self.log("inject", kind=inj.kind, point=point, revision=revision, name=inj.name)
                 self._fire(inj, context)
 
-    def on_frame(self, seq: int, sent: int) -> None:
-        if self.frames_armed is not None and seq == self.frames_armed[0]:
-            _, revision, world = self.frames_armed
-            last = 2 * (world - 1) - 1            # the ring sends at least 2(world-1) frames: k is capped to exist
-            for inj in self.mine:
-                if inj.point == "mid_allreduce" and revision >= inj.revision and sent > min(inj.frame, last) \
-                        and self._claim(inj):
-                    self.log("inject", kind=inj.kind, point="mid_allreduce", revision=revision, name=inj.name,
-                             frame=sent)
-                    self._fire(inj, {})
+    def arm_frames(self, seq: int, revision: int, rank: int, world: int, shared_memory: bool) -> None:
+        """Watch collective `seq` for mid_allreduce. Frame k is capped to one this member surely posts: the
+        ring posts 2(world-1) frames; through shared memory rank 0 posts a `go` to each other member and
+        every other member one `arrive` per barrier (at least one)."""
+        least = (world - 1 if rank == 0 else 1) if shared_memory else 2 * (world - 1)
+        self.frames_armed, self.frames_posted = (seq, revision, least), 0
+
+    def on_frame(self, seq: int) -> None:
+        """This member posted a frame of collective `seq`."""
+        if self.frames_armed is None or seq != self.frames_armed[0]:
+            return
+        _, revision, least = self.frames_armed
+        self.frames_posted += 1
+        for inj in self.mine:
+            if inj.point == "mid_allreduce" and revision >= inj.revision \
+                    and self.frames_posted > min(inj.frame, least - 1) and self._claim(inj):
+                self.log("inject", kind=inj.kind, point="mid_allreduce", revision=revision, name=inj.name,
+                         frame=self.frames_posted)
+                self._fire(inj, {})
 
     def on_shard_chunk(self, source: str, chunk: int) -> None:
         """A chunk of a shard arrived from `source`: kill_shard_source kills that source after the first."""
@@ -335,7 +345,7 @@ def watch_frames(injector: Injector) -> None:
     frame k of a collective, and after the first chunk of a shard arrived from its source."""
     def on_frame(event: hooks.FrameEvent) -> None:
         if event.plane == hooks.COLLECTIVE and event.direction == "posted" and event.kind == FrameKind.COLLECTIVE:
-            injector.on_frame(event.op_seq, event.chunk + 1)
+            injector.on_frame(event.op_seq)
         elif event.plane == hooks.SHARD and event.kind == wire.CHUNK:
             injector.on_shard_chunk(event.peer[0], event.chunk)
     hooks.add_frame_hook(on_frame)
@@ -378,6 +388,13 @@ def starting_state(policy: str, run_dir: str, peer_id: str,
     return SharedState(tensors=tensors, revision=revision), {"source": source, **meta}
 
 
+def _takes_shared_memory(backend: Any, nbytes: int) -> bool:
+    """Whether the TCP backend under `backend` (the peer wraps it in a HostStagedBackend) all-reduces
+    `nbytes` through shared memory now; False for any other backend."""
+    takes = getattr(getattr(backend, "inner", backend), "takes_shared_memory", None)
+    return bool(takes and takes(nbytes))
+
+
 def run_step(step: Any, state: SharedState, injector: Injector, log: EventLog, attempt: int) -> None:
     r, peer = step.revision, injector.peer
     lo, hi = model.shard(step.rank, step.world)
@@ -387,7 +404,8 @@ def run_step(step: Any, state: SharedState, injector: Injector, log: EventLog, a
     injector.at("before_allreduce", r)
     for i, bucket in enumerate(model.buckets(grad)):
         if i == 0:
-            injector.frames_armed = (peer.backend.op_seq + 1, r, step.world)   # the control all-reduce runs first
+            injector.arm_frames(peer.backend.op_seq + 1, r, step.rank, step.world,   # the control all-reduce runs first
+                                _takes_shared_memory(peer.backend, bucket.nbytes))
         step.all_reduce(bucket, op="sum")
         injector.frames_armed = None
         if i == 0:

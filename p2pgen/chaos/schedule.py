@@ -5,8 +5,9 @@ identical faults. `generate(seed, n)` is a pure function of its arguments (one `
 schedule, seeded from (seed, index)), so `p2pgen chaos --seed S` replays exactly the same injections.
 
 Injection points (see `app.py` for where each one sits in the step):
-- step points, in order: before_allreduce, mid_allreduce (after the member sent frame k of the first
-  gradient all-reduce's ring), between_buckets (between the two gradient all-reduces), after_allreduce
+- step points, in order: before_allreduce, mid_allreduce (after the member posted frame k of the first
+  gradient all-reduce, k capped to a frame it surely posts: of its ring, or of its shared-memory barrier),
+  between_buckets (between the two gradient all-reduces), after_allreduce
   (before the optimizer), mid_optimizer (momentum written, weights not), after_commit;
 - transition points: pending (after this member voted `ready` for a pending generation, before it is
   synced/active), catch_up (this member was told to pull: it, or its first source, is hit as the

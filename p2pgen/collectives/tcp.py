@@ -102,6 +102,11 @@ class TcpBackend:
         the segment set up by an earlier call; see `p2pgen.collectives.shm`)."""
         return self._shm is not None and self._shm.active
 
+    def takes_shared_memory(self, nbytes: int) -> bool:
+        """Whether an all_reduce of `nbytes` now goes through shared memory (the segment is set up and the
+        size takes that path) rather than the ring."""
+        return self.shm_active and self._shm.takes(nbytes)
+
     @property
     def op_seq(self) -> int:
         """Collectives started in this generation (the same number on every member after each one)."""
