@@ -13,12 +13,16 @@ its own buffer (a second barrier would cost more than reducing the whole call do
 
 Barriers are small stamped, checksummed frames over the generation's TCP links, in a star around rank 0:
 every member sends rank 0 an `arrive` frame naming the piece and the call's size, dtype and op; rank 0 checks
-them and answers each with a `go` frame. So a peer that dies, stops or is aborted fails the call exactly as
-it fails a ring (the links carry the failure), and no member polls.
+them and answers each with a `go` frame; after the last barrier of a call every other member also sends rank 0
+a `done`, and rank 0 completes only once it has them all. So a peer that dies, stops or is aborted fails the
+call exactly as it fails a ring (the links carry the failure), and no member polls.
 
 Invariants:
 - Bit-identical results: each element is reduced in rank order by one member, whose output every member
   copies, or (small calls) by every member from the same inputs with the same element-wise kernels.
+- A member completes a call only if every other member received the `go` of its last barrier, and so
+  completes it too unless it dies: rank 0, which needs only the others' `arrive`s, waits for their `done`s.
+  (Without that, a rank 0 stopped before its `go`s completed the call alone after the others gave it up.)
 - The caller's buffer is written only after the final barrier, that is after every member's share of every
   piece is in the output region; a call that raises leaves it as it was passed.
 - A slot is overwritten only after every member has finished reading it: slots are used in turn, one use
@@ -65,8 +69,8 @@ _NAME = re.compile(r"^p2pgen-(\d+)-(\d+)-[0-9a-f]{32}$")
 
 # Control messages: seven u64 words (kind, piece, nbytes, tag, value, token_hi, token_lo); `tag` names the call's
 # dtype and op (a barrier) or the segment's capacity (a set-up).
-_ARRIVE, _GO, _SETUP, _MAPPED, _DECIDED = 1, 2, 3, 4, 5
-_KINDS = {_ARRIVE: "arrive", _GO: "go", _SETUP: "set-up", _MAPPED: "mapped", _DECIDED: "decided"}
+_ARRIVE, _GO, _SETUP, _MAPPED, _DECIDED, _DONE = 1, 2, 3, 4, 5, 6
+_KINDS = {_ARRIVE: "arrive", _GO: "go", _SETUP: "set-up", _MAPPED: "mapped", _DECIDED: "decided", _DONE: "done"}
 _WORDS = 7
 _SET_UP_PIECE = (1 << 64) - 1     # the piece number of the barrier that precedes a set-up
 
@@ -126,7 +130,7 @@ class ShmAllReduce:
         if nbytes <= SMALL_BYTES:
             slot = self._next_slot()
             np.copyto(seg.input(self.rank, slot, flat.elems.dtype, flat.size), flat.elems)
-            self._barrier(seq, 0, nbytes, tag)
+            self._barrier(seq, 0, nbytes, tag, last=True)
             self._reduce(seg, slot, op, flat, 0, flat.size, flat.elems)
             return True
         pe = seg.piece_bytes // flat.elems.itemsize
@@ -140,7 +144,7 @@ class ShmAllReduce:
             n = hi - lo
             share = slice(n * self.rank // self.world, n * (self.rank + 1) // self.world)
             self._reduce(seg, slot, op, flat, share.start, share.stop, out[lo:hi][share])
-        self._barrier(seq, len(pieces), nbytes, tag)
+        self._barrier(seq, len(pieces), nbytes, tag, last=True)
         np.copyto(flat.elems, out)
         return True
 
@@ -162,17 +166,30 @@ class ShmAllReduce:
             divide(flat.bf16, dest, self.world)
 
     # ---- barriers ------------------------------------------------------------------------------
-    def _barrier(self, seq: int, piece: int, nbytes: int, tag: int) -> None:
-        """Returns once every member has called it for `piece` of the same call (size, dtype and op)."""
+    def _barrier(self, seq: int, piece: int, nbytes: int, tag: int, last: bool = False) -> None:
+        """Returns once every member has called it for `piece` of the same call (size, dtype and op).
+
+        The `last` barrier of a call (after it, every member completes the call) also makes rank 0 wait
+        for a `done` from every other member, sent as soon as its `go` arrived: rank 0 needs only the
+        others' `arrive`s to complete, so without it a rank 0 stopped (SIGSTOP) before its `go`s could
+        resume after the others gave the call up, complete it alone and commit a step that the others
+        then took again, in the next generation, with another result (seen in `p2pgen stress`). With
+        it, a member completes a call only once every other member got its `go` and so completes it too,
+        unless it dies, as on the ring. It costs rank 0 one hop; the others do not wait for it."""
         if self.rank:
             self._send(0, seq, _ARRIVE, piece, nbytes, tag)
             self._expect(0, seq, _GO, piece, nbytes, tag)
+            if last:
+                self._send(0, seq, _DONE, piece, nbytes, tag)
             return
         others = range(1, self.world)
         for r in others:
             self._expect(r, seq, _ARRIVE, piece, nbytes, tag)
         for r in others:
             self._send(r, seq, _GO, piece, nbytes, tag)
+        if last:
+            for r in others:
+                self._expect(r, seq, _DONE, piece, nbytes, tag)
 
     def _send(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int, value: int = 0,
               token: tuple[int, int] = (0, 0)) -> None:

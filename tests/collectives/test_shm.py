@@ -160,10 +160,10 @@ def _sum_of_ranks(b, n: int) -> tuple[bool, bool]:
 def test_a_call_that_raises_leaves_its_buffer_as_passed(victim, at, n, barriers):
     """The victim's thread fails right after it posted its k-th control frame of a call, k at the first, a third,
     two thirds and the last of the frames it posts (set-up: a barrier, then set-up/mapped/decided; then the
-    call's barriers: three pieces and the final one, or the small call's one): every member that raises still
-    holds its input, every member that returned holds the full result."""
+    call's barriers: three pieces and the final one, or the small call's one, and the `done` after the last):
+    every member that raises still holds its input, every member that returned holds the full result."""
     world = 4
-    frames = (world - 1) * (3 + barriers) if victim == 0 else 2 + barriers
+    frames = (world - 1) * (3 + barriers) if victim == 0 else 2 + barriers + 1
     after_frames = max(1, math.ceil(at * frames))
     local = threading.local()
 
@@ -200,6 +200,49 @@ def test_a_call_that_raises_leaves_its_buffer_as_passed(victim, at, n, barriers)
                 assert buf.tobytes() == expected.tobytes(), f"rank {rank} returned a wrong result"
             else:
                 assert buf.tobytes() == ins[rank].tobytes(), f"rank {rank} raised {error!r} with a changed buffer"
+
+
+@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("n", [2, 3 * PIECE_ELEMS], ids=["small", "pieces"])
+def test_rank_zero_does_not_complete_a_call_the_others_gave_up(world, n):
+    """Every other member gives the call up as the `go` of its last barrier arrives (as members do when the
+    generation is aborted under them while rank 0 is stopped): rank 0 has every `arrive`, so every input
+    is in the segment, but it must not complete the call alone; the others would take the step again in
+    the next generation, with another result. It raises, its buffer as passed."""
+    local = threading.local()
+
+    def hook(event: hooks.FrameEvent) -> None:
+        if getattr(local, "gos", None) is not None and event.direction == "received":
+            local.gos -= 1
+            if local.gos == 0:
+                raise PeerLost("gave the call up as its last go arrived")
+
+    with LocalCluster(world) as cluster:
+        backends = cluster.backends(generation=1)
+        assert cluster.run(lambda b: _sum_of_ranks(b, n), backends) == [(True, True)] * world   # set up
+        barriers = 1 if n * 4 <= shm.SMALL_BYTES else -(-n // PIECE_ELEMS) + 1
+        ins = _inputs(world, n, "float32")
+
+        def call(b):
+            local.gos = barriers if b.rank else None
+            buf = ins[b.rank].copy()
+            try:
+                b.all_reduce(buf)
+                return buf, None
+            except P2PGenError as e:
+                return buf, e
+            finally:
+                local.gos = None
+
+        remove = hooks.add_frame_hook(hook)
+        try:
+            results = cluster.run(call, backends)
+        finally:
+            remove()
+    assert all(error is not None for _, error in results), \
+        [f"rank {r} completed" for r, (_, error) in enumerate(results) if error is None]
+    for rank, (buf, _) in enumerate(results):
+        assert buf.tobytes() == ins[rank].tobytes(), f"rank {rank} raised with a changed buffer"
 
 
 def test_members_calling_with_different_sizes_fail_with_a_clear_error():
