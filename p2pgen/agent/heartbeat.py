@@ -10,7 +10,9 @@ Invariants kept:
 - an agent that hears no other agent blames no one: it cannot tell their silence from its own deafness (it
   just joined, or it is cut off). One that hears some suspects a target silent for the detector's timeout,
   heard before or not: an agent that died before its first heartbeat arrived (SIGKILLed right after its
-  member registered) must still be evicted;
+  member registered) must still be evicted. "Hears none" also holds when at least two other agents were
+  all silent at once for half the detector's floor: one agent's deafness is likelier than their failing
+  together, so it blames none of them;
 - our own stall (a SIGSTOP, a long GC) is never blamed on others: after a gap longer than the
   detector's floor, the gap is taken out of every peer's silence (its last arrival moves that much later);
   one already suspected stays suspected until it is heard again;
@@ -36,6 +38,7 @@ Invariants kept:
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import struct
 import threading
@@ -105,6 +108,8 @@ class HeartbeatRunner:
         self._retired: dict[str, list[str]] = {}         # address -> instances replaced there (receive thread)
         self._unheard_since: dict[str, float] = {}       # peer -> since when it says it cannot hear us (receive thread)
         self._deaf: set[str] = set()                     # peers reported for not hearing us (guarded by _lock)
+        self._last_arrival = -math.inf                   # newest heartbeat taken from any agent (own thread)
+        self._silent: set[str] = set()                   # peers the detector would suspect, not blamed (own thread)
         self._probes: dict[str, socket.socket] = {}      # silent target -> UDP socket connected to it (own thread)
         self._refused_on_send: set[str] = set()          # probed targets whose refusal a send reported (own thread)
         self.counters = RejectCounters(REASONS)
@@ -215,7 +220,7 @@ class HeartbeatRunner:
     def _send(self, targets: set[str]) -> None:
         self._seq += 1
         me = self._announce()
-        unheard = sorted(self.suspected())[:MAX_UNHEARD]
+        unheard = sorted(self.suspected() | self._silent)[:MAX_UNHEARD]
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
         packet = body + prove(self.key, body)
         silent_since = time.monotonic() - PROBE_AFTER * self.config.heartbeat_interval
@@ -338,6 +343,7 @@ class HeartbeatRunner:
             self._on_replaced(sender, before.instance, heard.instance)
         now = time.monotonic() if arrived is None else arrived
         self._history.record(sender, now)
+        self._last_arrival = max(self._last_arrival, now)
         self._judge_deafness(sender, heard, now)
 
     def _judge_deafness(self, sender: str, heard: Announcement, now: float) -> None:
@@ -356,6 +362,18 @@ class HeartbeatRunner:
         self._on_suspect(sender, heard.instance, f"it has not heard this agent for {now - since:.2f} s "
                                                  "(it speaks but cannot listen: a one-way loss)")
 
+    def _hears_no_one(self, targets: set[str], now: float) -> bool:
+        """Every other agent silent at once: none heard for half the detector's floor, though at least two
+        are there to hear. Then this agent's own deafness (its receive path starved or stopped, a partition
+        around it) is likelier than their simultaneous failures, and it blames no one: an agent of a job
+        that hears none of its peers could not commit a suspicion anyway; those that hear each other judge.
+        A stress run showed the cost of blaming: an agent back from a stop and a rejoin heard no one for
+        0.9 s and had four live agents' members evicted one after the other. It still tells the silent ones
+        that it cannot hear them (its heartbeats' unheard list): if it stays deaf, they report it."""
+        with self._lock:
+            others = targets - self._reported
+        return len(others) >= 2 and now - self._last_arrival > self.config.floor / 2
+
     def _replayed(self, sender: str, instance: str, seq: int) -> bool:
         """Whether this heartbeat is not newer than the last one of its process, or comes from a process
         already replaced at `sender`; otherwise remember it as the newest."""
@@ -369,7 +387,11 @@ class HeartbeatRunner:
         return False
 
     def _judge(self, targets: set[str], now: float) -> None:
-        for peer, reason in suspects(now, self._history, self.config).items():
+        found = suspects(now, self._history, self.config)
+        self._silent = set(found) if found and self._hears_no_one(targets, now) else set()
+        if not found or self._silent:
+            return
+        for peer, reason in found.items():
             with self._lock:
                 last = self._heard.get(peer)
                 hears_others = any(a != peer and a not in self._reported for a in self._heard)

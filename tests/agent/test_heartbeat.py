@@ -219,3 +219,40 @@ def test_a_silent_peer_that_is_alive_gets_one_heartbeat_a_round_and_is_not_repor
             assert by_a == [] and m_addr not in a.suspected()
     finally:
         faults.watch(None)
+
+
+def spread_ports(n: int) -> list[str]:
+    """n agent addresses in different port blocks (the fault rules tell agents apart by port block)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_udp_port()
+        if all(abs(p - q) >= faults.AGENT_PORT_SPAN for q in ports):
+            ports.append(p)
+    return [f"127.0.0.1:{p}" for p in ports]
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_that_suddenly_hears_none_of_its_peers_blames_none_of_them(tmp_path):
+    """What B and C send to A is lost; A still speaks. A hears neither and, with two peers silent at once,
+    blames its own deafness, not them: it reports no one (before, it had both evicted). Its heartbeats still
+    say it cannot hear them, so B and C, which hear A, report A once it said so for the floor."""
+    a_addr, b_addr, c_addr = spread_ports(3)
+    rules = tmp_path / "faults.json"
+    faults.heal(rules)
+    faults.watch(str(rules))
+    by_a: list[str] = []
+    by_b: list[tuple[str, str]] = []
+    a = runner(a_addr, lambda: {b_addr, c_addr}, lambda peer, instance, why: by_a.append(peer))
+    b = runner(b_addr, lambda: {a_addr, c_addr}, lambda peer, instance, why: by_b.append((peer, why)))
+    c = runner(c_addr, lambda: {a_addr, b_addr}, lambda *args: None)
+    try:
+        with running(a, b, c):
+            wait_for(lambda: {b_addr, c_addr} <= set(a.heard()) and a_addr in b.heard())
+            faults.write_partition(rules, [[b_addr, c_addr], [a_addr]], one_way=True)
+            wait_for(lambda: by_b)
+            [(peer, why)] = by_b
+            assert peer == a_addr and "cannot listen" in why
+            time.sleep(2 * CONFIG.timeout)                    # well past the timeout of B's and C's silence
+            assert by_a == [] and a.suspected() == set()
+    finally:
+        faults.watch(None)
