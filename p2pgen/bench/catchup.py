@@ -4,7 +4,8 @@ Owns: `catchup_throughput`, which pulls `size_bytes` of state from 1..n source p
 same run, moves the same bytes with plain `sendall` / `recv_into` from as many sender processes, so the
 two figures share the machine's load: `rounds` rounds, each one pull and one raw transfer, the order
 alternating, medians and the range of the per-round ratios (one pull against one raw transfer swung
-0.58-1.29 at 64 MiB x 2). Sources are separate processes so that their hashing and sending do not share
+0.58-1.29 at 64 MiB x 2; with 3 rounds the median of 256 MiB x 2 ranged 0.65-0.95 between runs, with 5
+rounds 0.78-0.79 in two runs). Sources are separate processes so that their hashing and sending do not share
 the puller's GIL.
 
 Invariant: both figures move the same bytes over the same number of connections; the pull figure
@@ -36,7 +37,7 @@ PIECES = 8
 PORT_RANGE = (20000, 32000)
 
 
-def catchup_throughput(size_bytes: int, sources: int = 1, chunk_bytes: int = 4 << 20, rounds: int = 3) -> dict:
+def catchup_throughput(size_bytes: int, sources: int = 1, chunk_bytes: int = 4 << 20, rounds: int = 5) -> dict:
     """GB/s of a pull of `size_bytes` from `sources` processes, and of raw loopback TCP of the same bytes: medians
     of `rounds` interleaved rounds; `pull_over_raw` is the median of the per-round ratios (`ratio_min`..`max`)."""
     if sources < 1 or rounds < 1:
