@@ -183,6 +183,7 @@ class Agent:
         try:
             self.heartbeats.start()
             self.membership.join()
+            self.heartbeats.reset()         # silences judged while joining were not acted on: judge afresh
             if self._leave_requested.is_set():
                 return self.exit_code
             self.voters.start()
@@ -369,10 +370,21 @@ class Agent:
     def _agent_lost(self, peer: str, instance: str, why: str, proven: bool = False) -> None:
         """The heartbeats say another agent is gone: its members are for the driver, its voter (if the
         node here leads) for the voter manager, both at once. `proven` (its host refused our heartbeats: no
-        process holds its port): if it ran the leader, this node campaigns now rather than after a timeout."""
+        process holds its port): if it ran the leader, this node campaigns now rather than after a timeout.
+
+        A silence judged while this agent has no Raft node (joining, or re-joining after a stop or a
+        removal) is not acted on: what this agent heard then says more about itself than about the others
+        (a stress run: an agent's 10.8 s re-join left three live members' agents silent to it, and the
+        suspicions it queued then evicted them once it was back). The heartbeats are reset when the node
+        is there, so a peer that is really gone is judged again within the timeout. Proofs (a refusal, a
+        new process at the address) are acted on whenever they come."""
+        node = self.node          # the heartbeat thread calls this: between two Raft nodes there is none
+        if node is None and not proven:
+            log.info("not acting on %s (%s): judged while this agent has no Raft node; judged afresh once it has",
+                     peer, why)
+            return
         self._events.put(("agent_lost", peer, instance, why))
         self.voters.poke()
-        node = self.node          # the heartbeat thread calls this: between two Raft nodes there is none
         view = node.view() if proven and node is not None else None
         if view is not None and view.leader is not None and control_addr_of(view.leader) == peer:
             node.hasten_election(view.leader)
@@ -437,6 +449,7 @@ class Agent:
             log.error("re-form to epoch %d refused: %s", epoch, e)
             return
         self._leaderless_since = None
+        self._lost.clear()
         self.heartbeats.reset()
 
     def _reconcile(self) -> None:
@@ -511,6 +524,7 @@ class Agent:
     def _rejoin(self, why: str, view: RaftView) -> None:
         self._leaderless_since = None
         self.membership.rejoin_as_nonvoter(why, self._known_agents(view))
+        self._lost.clear()              # judged before the rejoin: judged afresh, as the heartbeats are
         self.heartbeats.reset()
 
     def _known_agents(self, view: RaftView) -> tuple[str, ...]:

@@ -182,8 +182,9 @@ class HeartbeatRunner:
             self._stop.wait(max(0.0, next_send - time.monotonic()))
 
     def reset(self) -> None:
-        """Start every peer's history afresh (after this agent rejoined the job): what we heard while we
-        were cut off says nothing about the others."""
+        """Start every peer's history afresh and forget every suspicion (after this agent joined or rejoined
+        the job): what we heard while we were cut off says nothing about the others. Taken at the next
+        round; until then no one is reported."""
         self._reset_requested = True
 
     def _forgive_all(self, now: float, gap: float) -> None:
@@ -192,10 +193,13 @@ class HeartbeatRunner:
 
     def _forgive(self, now: float, gap: float | None = None) -> None:
         """Take this agent's own stall of `gap` seconds out of every peer's silence (its last arrival moves
-        `gap` later, never past now); with no gap (after a rejoin) every peer starts afresh from now. A peer
-        already suspected stays suspected until it is heard again. Both keep the evidence an agent that keeps
-        stalling still needs: a starved leader must still convict (and remove) a dead voter."""
+        `gap` later, never past now); a peer already suspected stays suspected until it is heard again, the
+        evidence an agent that keeps stalling still needs (a starved leader must still convict, and remove,
+        a dead voter). With no gap (after a join or rejoin) every peer starts afresh from now, suspected
+        ones included: a peer that is really gone is judged again within the timeout."""
         with self._lock:
+            if gap is None:
+                self._reported.clear()
             reported = set(self._reported)
         self._unheard_since.clear()
         for peer in self._history.peers():
@@ -389,7 +393,7 @@ class HeartbeatRunner:
     def _judge(self, targets: set[str], now: float) -> None:
         found = suspects(now, self._history, self.config)
         self._silent = set(found) if found and self._hears_no_one(targets, now) else set()
-        if not found or self._silent:
+        if not found or self._silent or self._reset_requested:     # a reset voids what was heard before it
             return
         for peer, reason in found.items():
             with self._lock:

@@ -18,3 +18,12 @@ def test_an_agent_lost_while_this_agent_has_no_raft_node_is_queued_without_raisi
     Agent._agent_lost(me, "127.0.0.1:23790", "a1b2", "refused our heartbeats", proven=True)
     assert me._events.get_nowait() == ("agent_lost", "127.0.0.1:23790", "a1b2", "refused our heartbeats")
     assert pokes == [1]
+
+
+def test_a_silence_judged_while_this_agent_has_no_raft_node_is_not_acted_on():
+    """Seen in a stress run: an agent re-joining for 10.8 s queued suspicions of three live agents it could not
+    hear then, and had their members evicted once it was back. A proof (refusal, replaced process) still counts."""
+    pokes = []
+    me = SimpleNamespace(_events=queue.Queue(), voters=SimpleNamespace(poke=lambda: pokes.append(1)), node=None)
+    Agent._agent_lost(me, "127.0.0.1:23790", "a1b2", "silent for 1.60 s > timeout 1.50 s")
+    assert me._events.empty() and pokes == []

@@ -256,3 +256,20 @@ def test_an_agent_that_suddenly_hears_none_of_its_peers_blames_none_of_them(tmp_
             assert by_a == [] and a.suspected() == set()
     finally:
         faults.watch(None)
+
+
+@pytest.mark.timeout(30)
+def test_a_reset_forgets_suspicions_and_a_peer_still_silent_is_reported_again():
+    """After a (re)join the agent judges afresh: a suspicion from before is dropped (its report may not have
+    been acted on), and a peer that is really gone is reported again once silent for the timeout."""
+    a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
+    suspected: list[str] = []
+    a = runner(a_addr, lambda: {b_addr}, lambda peer, instance, why: suspected.append(peer))
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    with running(a, b):
+        wait_for(lambda: b_addr in a.heard())
+        b.stop()
+        wait_for(lambda: suspected == [b_addr])
+        a.reset()
+        wait_for(lambda: b_addr not in a.suspected())
+        wait_for(lambda: suspected == [b_addr, b_addr])
