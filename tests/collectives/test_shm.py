@@ -154,6 +154,28 @@ def _sum_of_ranks(b, n: int) -> tuple[bool, bool]:
     return bool(np.all(buf == b.world * (b.world + 1) / 2)), b.shm_active
 
 
+def _all_reduce_watched(cluster, backends, ins, hook, local, armed):
+    """Every member sums a copy of its input while `hook` watches every frame of this process; `armed(rank)`
+    names the attributes of the thread-local `local` the hook reads on that member's thread (cleared after
+    its call). Returns (buffer, error or None) per rank."""
+    def call(b):
+        local.__dict__.update(armed(b.rank))
+        buf = ins[b.rank].copy()
+        try:
+            b.all_reduce(buf)
+            return buf, None
+        except P2PGenError as e:
+            return buf, e
+        finally:
+            local.__dict__.clear()
+
+    remove = hooks.add_frame_hook(hook)
+    try:
+        return cluster.run(call, backends)
+    finally:
+        remove()
+
+
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("at", [0.0, 0.34, 0.67, 1.0])
 @pytest.mark.parametrize("n,barriers", [(3 * PIECE_ELEMS, 4), (shm.SMALL_BYTES // 4, 1)], ids=["pieces", "small"])
@@ -176,23 +198,8 @@ def test_a_call_that_raises_leaves_its_buffer_as_passed(victim, at, n, barriers)
     with LocalCluster(world) as cluster:
         backends = cluster.backends(generation=1)
         ins = _inputs(world, n, "float32")
-
-        def call(b):
-            local.victim, local.posted = b.rank == victim, 0
-            buf = ins[b.rank].copy()
-            try:
-                b.all_reduce(buf)
-                return buf, None
-            except P2PGenError as e:
-                return buf, e
-            finally:
-                local.victim = False
-
-        remove = hooks.add_frame_hook(hook)
-        try:
-            results = cluster.run(call, backends)
-        finally:
-            remove()
+        results = _all_reduce_watched(cluster, backends, ins, hook, local,
+                                      lambda rank: {"victim": rank == victim, "posted": 0})
         expected = _serial("sum", ins)
         assert results[victim][1] is not None, "the victim's call did not fail"
         for rank, (buf, error) in enumerate(results):
@@ -222,23 +229,8 @@ def test_rank_zero_does_not_complete_a_call_the_others_gave_up(world, n):
         assert cluster.run(lambda b: _sum_of_ranks(b, n), backends) == [(True, True)] * world   # set up
         barriers = 1 if n * 4 <= shm.SMALL_BYTES else -(-n // PIECE_ELEMS) + 1
         ins = _inputs(world, n, "float32")
-
-        def call(b):
-            local.gos = barriers if b.rank else None
-            buf = ins[b.rank].copy()
-            try:
-                b.all_reduce(buf)
-                return buf, None
-            except P2PGenError as e:
-                return buf, e
-            finally:
-                local.gos = None
-
-        remove = hooks.add_frame_hook(hook)
-        try:
-            results = cluster.run(call, backends)
-        finally:
-            remove()
+        results = _all_reduce_watched(cluster, backends, ins, hook, local,
+                                      lambda rank: {"gos": barriers if rank else None})
     assert all(error is not None for _, error in results), \
         [f"rank {r} completed" for r, (_, error) in enumerate(results) if error is None]
     for rank, (buf, _) in enumerate(results):
