@@ -14,15 +14,15 @@ its own buffer (a second barrier would cost more than reducing the whole call do
 Barriers are small stamped, checksummed frames over the generation's TCP links, in a star around rank 0:
 every member sends rank 0 an `arrive` frame naming the piece and the call's size, dtype and op; rank 0 checks
 them and answers each with a `go` frame; after the last barrier of a call every other member also sends rank 0
-a `done`, and rank 0 completes only once it has them all. So a peer that dies, stops or is aborted fails the
-call exactly as it fails a ring (the links carry the failure), and no member polls.
+a `done`, and rank 0 completes only once one of them confirmed. So a peer that dies, stops or is aborted fails
+the call exactly as it fails a ring (the links carry the failure), and no member polls.
 
 Invariants:
 - Bit-identical results: each element is reduced in rank order by one member, whose output every member
   copies, or (small calls) by every member from the same inputs with the same element-wise kernels.
-- A member completes a call only if every other member received the `go` of its last barrier, and so
-  completes it too unless it dies: rank 0, which needs only the others' `arrive`s, waits for their `done`s.
-  (Without that, a rank 0 stopped before its `go`s completed the call alone after the others gave it up.)
+- No member completes a call alone: a member other than rank 0 completes once it got the `go` of the last
+  barrier and confirmed it with a `done`, rank 0 once at least one other member confirmed. (Without that, a
+  rank 0 stopped before its `go`s completed the call alone after the others gave it up.)
 - The caller's buffer is written only after the final barrier, that is after every member's share of every
   piece is in the output region; a call that raises leaves it as it was passed.
 - A slot is overwritten only after every member has finished reading it: slots are used in turn, one use
@@ -53,7 +53,7 @@ import numpy as np
 
 from p2pgen.collectives.backend import ReduceOp
 from p2pgen.collectives.buffers import Flat, combine, divide
-from p2pgen.errors import ProtocolError
+from p2pgen.errors import GenerationChanged, PeerLost, ProtocolError
 from p2pgen.transport import Connection, FrameKind, RecvSlot
 
 SHM_DIR = "/dev/shm"
@@ -87,9 +87,11 @@ class ShmAllReduce:
     """
 
     def __init__(self, rank: int, world: int, same_host: bool,
-                 links: Callable[[list[int]], dict[int, Connection]]) -> None:
+                 links: Callable[[list[int]], dict[int, Connection]],
+                 failed: Callable[[], Exception | None] = lambda: None) -> None:
         self.rank, self.world = rank, world
         self._links = links
+        self._failed = failed                           # the error the generation was retired with, if any
         self._refused = not same_host or world < 2      # the generation decided (or must) use the ring
         self.enabled = enabled()                        # this member offers shared memory (P2PGEN_SHM)
         self._too_big = MAX_BYTES + 1                   # the smallest size a segment could not be made for
@@ -167,15 +169,8 @@ class ShmAllReduce:
 
     # ---- barriers ------------------------------------------------------------------------------
     def _barrier(self, seq: int, piece: int, nbytes: int, tag: int, last: bool = False) -> None:
-        """Returns once every member has called it for `piece` of the same call (size, dtype and op).
-
-        The `last` barrier of a call (after it, every member completes the call) also makes rank 0 wait
-        for a `done` from every other member, sent as soon as its `go` arrived: rank 0 needs only the
-        others' `arrive`s to complete, so without it a rank 0 stopped (SIGSTOP) before its `go`s could
-        resume after the others gave the call up, complete it alone and commit a step that the others
-        then took again, in the next generation, with another result (seen in `p2pgen stress`). With
-        it, a member completes a call only once every other member got its `go` and so completes it too,
-        unless it dies, as on the ring. It costs rank 0 one hop; the others do not wait for it."""
+        """Returns once every member has called it for `piece` of the same call (size, dtype and op); the
+        `last` barrier of a call (after it, members complete the call) also confirms it (`_confirm`)."""
         if self.rank:
             self._send(0, seq, _ARRIVE, piece, nbytes, tag)
             self._expect(0, seq, _GO, piece, nbytes, tag)
@@ -188,8 +183,28 @@ class ShmAllReduce:
         for r in others:
             self._send(r, seq, _GO, piece, nbytes, tag)
         if last:
-            for r in others:
+            self._confirm(seq, piece, nbytes, tag)
+
+    def _confirm(self, seq: int, piece: int, nbytes: int, tag: int) -> None:
+        """Rank 0 at a call's last barrier, its `go`s sent: the others' `done`s (each sends one as soon as its
+        `go` arrived); rank 0 completes only once at least one of them confirmed.
+
+        Rank 0 needs only the `arrive`s to complete. Without a confirmation, a rank 0 stopped (SIGSTOP) before
+        its `go`s resumed after the others had given the call up, completed it alone and committed a step
+        the others took again, in the next generation, with another result (seen in `p2pgen stress`). A
+        member whose link failed instead of confirming (it died after its `arrive`) does not stop rank 0:
+        the members that got their `go` complete, so rank 0 does too, as it did before. Confirmations do
+        not count once this generation was aborted here (the agent's fence, a new generation). A `go`
+        that cannot be sent fails the call (the transport retires the generation on a send error)."""
+        confirmed, lost = 0, None
+        for r in range(1, self.world):
+            try:
                 self._expect(r, seq, _DONE, piece, nbytes, tag)
+                confirmed += 1
+            except PeerLost as e:
+                lost = lost or e
+        if lost is not None and (not confirmed or isinstance(self._failed(), GenerationChanged)):
+            raise lost
 
     def _send(self, rank: int, seq: int, kind: int, piece: int, nbytes: int, tag: int, value: int = 0,
               token: tuple[int, int] = (0, 0)) -> None:

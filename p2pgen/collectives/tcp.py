@@ -60,7 +60,8 @@ class TcpBackend:
         self._scratch = [np.empty(self._chunk_bytes, np.uint8) for _ in range(_SCRATCH_SLOTS)]
         self._join(tuple(range(group.world)), group.rank, seq_tag=0)
         self._shm: ShmAllReduce | None = ShmAllReduce(group.rank, group.world,
-                                                      len({m.host for m in group.members}) == 1, self._links)
+                                                      len({m.host for m in group.members}) == 1, self._links,
+                                                      lambda: self.session.error)
 
     def _join(self, members: tuple[int, ...], rank: int, seq_tag: int) -> None:
         """Become the communicator of `members` (session ranks, in order), as member `rank` of them."""

@@ -237,6 +237,35 @@ def test_rank_zero_does_not_complete_a_call_the_others_gave_up(world, n):
         assert buf.tobytes() == ins[rank].tobytes(), f"rank {rank} raised with a changed buffer"
 
 
+@pytest.mark.parametrize("n", [2, 3 * PIECE_ELEMS], ids=["small", "pieces"])
+def test_rank_zero_completes_with_the_members_that_got_their_go_when_one_is_lost(n):
+    """The last rank gives the call up as its last `go` arrives (it dies then: no `done` comes from it); rank 0
+    sent every `go` before it and the other members confirm theirs, so rank 0 completes with them, as
+    every surviving member did before the confirmation existed. Waiting for every `done` left rank 0 one
+    step behind the others, and an owner of a shard behind its frontier."""
+    world, victim = 4, 3
+    local = threading.local()
+
+    def hook(event: hooks.FrameEvent) -> None:
+        if getattr(local, "gos", None) is not None and event.direction == "received":
+            local.gos -= 1
+            if local.gos == 0:
+                raise PeerLost("died as its last go arrived")
+
+    with LocalCluster(world) as cluster:
+        backends = cluster.backends(generation=1)
+        assert cluster.run(lambda b: _sum_of_ranks(b, n), backends) == [(True, True)] * world   # set up
+        barriers = 1 if n * 4 <= shm.SMALL_BYTES else -(-n // PIECE_ELEMS) + 1
+        ins = _inputs(world, n, "float32")
+        results = _all_reduce_watched(cluster, backends, ins, hook, local,
+                                      lambda rank: {"gos": barriers if rank == victim else None})
+    expected = _serial("sum", ins)
+    assert results[victim][1] is not None and results[victim][0].tobytes() == ins[victim].tobytes()
+    for rank, (buf, error) in enumerate(results[:victim]):
+        assert error is None, f"rank {rank} raised {error!r}"
+        assert buf.tobytes() == expected.tobytes(), f"rank {rank} returned a wrong result"
+
+
 def test_members_calling_with_different_sizes_fail_with_a_clear_error():
     world = 3
     with LocalCluster(world) as cluster:
