@@ -145,6 +145,8 @@ class Agent:
         self._relaunch: _Relaunch | None = None
         self._voted: tuple[int, int] | None = None      # (generation, incarnation) last voted ready for
         self._leaving = threading.Event()
+        self._hand_over_until: float | None = None   # asked to leave: the latest time to hand the state over
+        self._leaving_said = False
         self._stopped = threading.Event()
         self._app_kill: tuple[Application, bool] | None = None   # (app, counts as a failure)
         self._stopped_app: tuple[Application, float] | None = None
@@ -329,7 +331,7 @@ class Agent:
         active generation (or a while after it started; `standby_due`), so its imports never slow down the start
         and first steps of the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS died in a row."""
         if (self.config.standby < 1 or not self.config.command or self._standby is not None
-                or self._leaving.is_set() or self._standby_deaths >= STANDBY_REPLACEMENTS):
+                or self._leave_requested.is_set() or self._standby_deaths >= STANDBY_REPLACEMENTS):
             return
         app = self.app
         live = app is not None and not app.exited.is_set() and app.incarnation is not None \
@@ -409,12 +411,13 @@ class Agent:
             try:
                 if event is not None and self._handle(event):
                     return
-                if self.node is None:
-                    continue
-                self._check_own_membership(force=stalled)
-                self._reconcile()
+                if self.node is not None:
+                    self._check_own_membership(force=stalled)
+                    self._reconcile()
             except RaftUnavailable as e:
                 self.membership.wait_because(f"no Raft quorum: {e}")
+            if self._leave_requested.is_set() and self._leave_once_handed_over():
+                return
 
     def _handle(self, event: tuple) -> bool:
         """Handle one event; True when the agent is done."""
@@ -422,8 +425,7 @@ class Agent:
         if kind == "view":
             self._view_wake.clear()
         elif kind == "leave":
-            self._leave()
-            return True
+            return self._leave_once_handed_over()
         if kind == "app_exited":
             return self._on_app_exit(*event[1:])
         if kind == "app_stopped":
@@ -636,9 +638,7 @@ class Agent:
                 if outcome is not None:
                     log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
 
-    def _leave(self, hand_over: bool = True) -> None:
-        if hand_over:
-            self._hand_over()
+    def _leave(self) -> None:
         self._leaving.set()
         self._drop_standby()
         if self.app is not None:
@@ -669,23 +669,42 @@ class Agent:
                         "absence and replace it as a voter; nothing to do unless no agent is left running",
                         e)
 
-    def _hand_over(self) -> None:
-        """A member asked to leave while it is the only one holding the job's state (the active generation is
-        just itself, and another member is registered or on its way back: `hand_over_due`) keeps training
-        until another member holds the state (it joins at a step boundary and pulls), at most `regress_wait`
-        seconds: leaving at once would take the job's state with it."""
-        deadline = time.monotonic() + self.config.state.regress_wait
-        said = False
-        while time.monotonic() < deadline and self.app is not None and not self.app.exited.is_set():
-            view = self.membership.view()
-            machine = view.machine if view is not None else None
-            if machine is None or not hand_over_due(machine, (self.config.peer_id, self.incarnation), time.time()):
-                return
-            if not said:
-                log.warning("leaving: this member alone holds the job's state; it keeps training until another "
-                            "member holds it (at most %.0f s)", self.config.state.regress_wait)
-                said = True
-            time.sleep(0.2)
+    def _leave_once_handed_over(self) -> bool:
+        """Asked to leave (SIGTERM, `leave` RPC): leave now, unless this peer alone holds steps of the job's state
+        that another member can take (`hand_over_due`): it is the whole active generation, or its dead
+        application left the local copy the job waits for. Then the agent goes on as before (its application
+        trains, or restarts, registers, restores the copy and votes) until another member holds the state, at
+        most `regress_wait` seconds after the request: leaving at once would take those steps with it (the
+        job would wait for a copy deleted with this peer's local state, then fall back below it). True once
+        the agent has left."""
+        now = time.monotonic()
+        if self._hand_over_until is None:
+            self._hand_over_until = now + self.config.state.regress_wait
+        if now < self._hand_over_until and self._hand_over_due():
+            if not self._leaving_said:
+                log.warning("leaving: this peer alone holds steps of the job's state (%s); it stays until another "
+                            "member holds them (at most %.0f s)", self._only_copy_where(),
+                            self.config.state.regress_wait)
+                self._leaving_said = True
+            return False
+        self._leave()
+        return True
+
+    def _hand_over_due(self) -> bool:
+        """Whether `hand_over_due` holds for this peer now (an agent without an application hands nothing over)."""
+        view = self.membership.view()
+        if view is None or self.app is None:
+            return False
+        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr)
+        local = (copy_.revision, copy_.generation) if copy_ is not None and copy_.revision > 0 else None
+        return hand_over_due(view.machine, (self.config.peer_id, self.incarnation), time.time(), local)
+
+    def _only_copy_where(self) -> str:
+        view = self.membership.view()
+        active = view.machine.active if view is not None else None
+        if active is not None and [m.identity for m in active.members] == [(self.config.peer_id, self.incarnation)]:
+            return "its member alone is the active generation"
+        return "the local copy its application left on this host, which the job waits for"
 
     # --- heartbeats ----------------------------------------------------------------------------------
 
@@ -705,7 +724,7 @@ class Agent:
     def _announce(self) -> Announcement:
         view = self.membership.view()
         eligible = (view is not None and not view.voter and self.membership.caught_up()
-                    and not self._leaving.is_set())     # a Raft participant: its application does not matter
+                    and not self._leave_requested.is_set())   # a Raft participant: its application does not matter
         return Announcement(self.instance, self.membership.announced_node(), eligible)
 
     # --- control API -------------------------------------------------------------------------------
@@ -735,7 +754,7 @@ class Agent:
         return {"voter": node in view.nodes, "leader": view.leader, "voters": list(view.nodes)}
 
     def _rpc_prepare_voter(self, params: dict) -> str:
-        if self._leaving.is_set():
+        if self._leave_requested.is_set():
             raise P2PGenError(f"agent {self.addr} is leaving the job")
         return self.membership.prepare_voter([str(v) for v in params["voters"]])
 
@@ -770,7 +789,7 @@ class Agent:
                       "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
                       "standby_pid": self._standby.pid if self._standby else None,
                       "standby_ready": self._standby.waiting if self._standby else False,
-                      "restarts": self.restarts, "leaving": self._leaving.is_set(),
+                      "restarts": self.restarts, "leaving": self._leave_requested.is_set(),
                       "refused_connections": self.rpc.refused,
                       "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},
                       "waiting": self.membership.waiting},

@@ -12,8 +12,9 @@ Invariants kept:
 - a warm standby never competes for the CPU with its application's own start: it starts once the application
   runs in the active generation (its start-up is over), or after a bounded wait;
 - a member asked to leave never takes the only copy of the job's state with it while another member can
-  take it: a registered one, or one whose application is restarting (its agent reported the local copy it
-  left, `Kept`), however far behind that copy is.
+  take it (a registered one, or one whose application is restarting: its agent reported the local copy it
+  left, `Kept`), however far behind that copy is; the only copy being its running process (it alone is the
+  active generation) or the local copy its own dead application left on this host, which the job waits for.
 """
 
 from __future__ import annotations
@@ -54,14 +55,62 @@ def standby_due(machine: GenerationMachine, identity: tuple[str, int] | None, ap
     return (running and quiet_for >= quiet) or app_age >= settle
 
 
-def hand_over_due(machine: GenerationMachine, identity: tuple[str, int], now: float) -> bool:
-    """Whether `identity`, asked to leave, must keep training until another member holds the job's state: it
-    alone is the active generation (every step since the last change exists only in its process) and some
-    other member is registered, or is on its way back (its agent reported the copy its dead application left,
-    less than `regress_wait` ago: its next incarnation registers, then pulls the state)."""
-    active = machine.active
-    if active is None or [m.identity for m in active.members] != [identity]:
+def hand_over_due(machine: GenerationMachine, identity: tuple[str, int | None], now: float,
+                  local: tuple[int, int] | None = None) -> bool:
+    """Whether the peer of `identity`, asked to leave, must stay until another member holds the job's state.
+
+    Two ways it alone can hold steps the job needs, each only while another member can take them (one is
+    registered, or on its way back: its agent reported the copy its dead application left, less than
+    `regress_wait` ago):
+    - its member alone is the active generation (every step since the last change exists only in its process);
+    - its own application died and the local copy it left on this host (`local`, which its agent reported as
+      `Kept`) is above every revision another member is known to hold: the job waits for that copy, so the
+      next incarnation must restore it, vote and hand it over before the agent deletes it by leaving.
+
+    Args:
+        machine: the replicated state as this agent applied it.
+        identity: (peer id, its registered incarnation, or None while its application restarts).
+        now: wall-clock time, to judge the `regress_wait` of `Kept` notes.
+        local: (revision, generation) of the local copy on this host, None without one.
+    """
+    peer_id = identity[0]
+    if not _someone_to_take_it(machine, peer_id, now):
         return False
-    others = [m for m in machine.members if m.peer_id != identity[0]]
-    returning = [k for k in machine.kept.values() if k.peer_id != identity[0] and now < k.at + machine.regress_wait]
+    active = machine.active
+    if active is not None and [m.identity for m in active.members] == [identity]:
+        return True
+    return _holds_the_only_copy(machine, identity, now, local)
+
+
+def _someone_to_take_it(machine: GenerationMachine, peer_id: str, now: float) -> bool:
+    others = [m for m in machine.members if m.peer_id != peer_id]
+    returning = [k for k in machine.kept.values() if k.peer_id != peer_id and now < k.at + machine.regress_wait]
     return bool(others or returning)
+
+
+def _holds_the_only_copy(machine: GenerationMachine, identity: tuple[str, int | None], now: float,
+                         local: tuple[int, int] | None) -> bool:
+    """The best revision this peer holds (the local copy on this host, while the job waits for it or its
+    registered member will vote with it; its vote), on the job's history, is above what every other member is known to hold (their votes; the active generation's frontier
+    when another member is in it). Never while its member trains in an active generation with others: they
+    commit every step it commits."""
+    peer_id = identity[0]
+    active = machine.active
+    in_active = active is not None and identity in {m.identity for m in active.members}
+    if in_active and len(active.members) > 1:
+        return False
+    held: list[int] = []
+    kept = machine.kept.get(peer_id)
+    awaited = kept is not None and now < kept.at + machine.regress_wait      # the job waits for this host's copy
+    registered = identity[1] is not None and machine.is_current(peer_id, identity[1])   # its vote will carry it
+    if local is not None and (awaited or registered) and machine.left_behind(local[1], local[0]) is None:
+        held.append(local[0])
+    pending = machine.pending
+    if pending is not None and peer_id in pending.votes:
+        held.append(pending.votes[peer_id].revision)
+    if not held:
+        return False
+    others = [v.revision for p, v in pending.votes.items() if p != peer_id] if pending is not None else []
+    if active is not None and any(m.peer_id != peer_id for m in active.members):
+        others.append(active.frontier.revision)
+    return max(held) > max(others, default=-1)

@@ -89,3 +89,49 @@ def test_a_leaver_alone_in_the_job_leaves_at_once():
     m.apply(Register("b", 1, at=3.0), LogPosition(1, 3))
     m.apply(Leave("b", 1, at=4.0), LogPosition(1, 4))
     assert not hand_over_due(m, ("a", 1), now=5.0)                 # b left: nobody to hand it to
+
+
+def test_a_leaver_whose_dead_application_left_the_copy_the_job_waits_for_hands_it_over_first():
+    """Seen in a CI run of `p2pgen stress --seed 1`: p6 trained alone in a one-member generation up to r1542,
+    its application was evicted and restarted, its agent reported the local copy (r1542), and the others'
+    proposal was held for it. p6 was asked to leave before its next incarnation registered: the agent deleted
+    its local copy and left, so the job waited 30 s (regress_wait) for a copy that no longer existed, then
+    fell back to r1443. A leaver whose host holds that copy stays until its next incarnation handed it over."""
+    m = machine_of(Configure(1, regress_wait=30.0, at=0.0), Register("a", 1, at=0.0), Register("b", 1, at=0.0))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 4))
+    m.apply(Ready(m.pending.generation, "b", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 5))
+    m.apply(Suspect("b", "b", 1, "application died", kept_revision=5, kept_digest="d5",
+                    kept_lineage=m.active.generation, at=2.0), LogPosition(1, 6))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=2.0), LogPosition(1, 7))
+    alone = m.active.generation
+    m.apply(Suspect("a", "a", 1, "application died", kept_revision=40, kept_digest="d40", kept_lineage=alone,
+                    at=3.0), LogPosition(1, 8))
+    m.apply(Register("b", 2, at=4.0), LogPosition(1, 9))
+    m.apply(Ready(m.pending.generation, "b", 2, "proved", 5, "d5", at=4.0), LogPosition(1, 10))
+    assert m.pending.hold is not None and m.pending.hold.certified == 40      # the job waits for a's copy
+    local = (40, alone)
+    assert hand_over_due(m, ("a", None), now=5.0, local=local)             # a#2 not registered yet: stay
+    assert not hand_over_due(m, ("a", None), now=5.0)                       # no copy on a's host: nothing to hand
+    assert not hand_over_due(m, ("b", 2), now=5.0, local=(5, alone))        # b holds nothing the others lack
+    assert not hand_over_due(m, ("a", None), now=34.0, local=local)        # the job stopped waiting for it
+    m.apply(Register("a", 2, at=6.0), LogPosition(1, 11))
+    assert hand_over_due(m, ("a", 2), now=6.0, local=local)                # registered, not voted
+    m.apply(Ready(m.pending.generation, "b", 2, "proved", 5, "d5", at=6.5), LogPosition(1, 12))
+    m.apply(Ready(m.pending.generation, "a", 2, "proved", 40, "d40", at=6.5), LogPosition(1, 13))
+    assert m.pending.election.frontier.revision == 40
+    assert hand_over_due(m, ("a", 2), now=7.0, local=local)                # voted; b has not pulled it yet
+    m.apply(Synced(m.pending.generation, "b", 2, "d40", at=7.5), LogPosition(1, 14))
+    assert {x.identity for x in m.active.members} == {("a", 2), ("b", 2)}
+    assert not hand_over_due(m, ("a", 2), now=8.0, local=(41, m.active.generation))   # b holds it: a may go
+
+
+def test_a_leaver_without_a_copy_above_the_others_leaves_at_once():
+    m = machine_of(Configure(1, regress_wait=30.0, at=0.0), Register("a", 1, at=0.0), Register("b", 1, at=0.0))
+    m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 4))
+    m.apply(Ready(m.pending.generation, "b", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 5))
+    generation = m.active.generation
+    m.apply(Suspect("a", "a", 1, "application died", kept_revision=5, kept_digest="d5", kept_lineage=generation,
+                    at=2.0), LogPosition(1, 6))
+    m.apply(Ready(m.pending.generation, "b", 1, "proved", 7, "d7", at=2.0), LogPosition(1, 7))
+    assert m.active.generation > generation
+    assert not hand_over_due(m, ("a", None), now=3.0, local=(5, generation))   # b went on past a's copy

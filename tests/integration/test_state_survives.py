@@ -178,3 +178,33 @@ def test_a_new_job_starts_again_from_the_checkpoints_of_one_that_died(cluster, r
     assert active(first)["frontier"]["revision"] >= 20 and active(first)["frontier_source"] == "checkpoint"
     assert active(first)["regressed_from"] is None
     finish(cluster, run_env["summaries"], steps)
+
+
+def test_a_leaver_hands_over_the_local_copy_the_job_waits_for_before_it_goes(cluster, run_env, monkeypatch):
+    """p1's application dies at r10 and restarts slowly, so p0 trains alone; p0's application dies at r30 and
+    its agent is asked to leave (SIGTERM) while the next incarnation starts: the steps 10..30 exist only in
+    p0's local copy. The agent stays until p0#2 restored that copy and p1#2 pulled it, then leaves; p1 goes
+    on from there to the end, and no generation of the job ever resumed below a certified revision. (On the
+    previous code p0's agent left at once and deleted the copy: p1 never resumed from r30.)"""
+    steps = 80
+    monkeypatch.setenv("EXACT_STEPS", str(steps))
+    monkeypatch.setenv("EXACT_FAULTS", "p1:mid_step:10,p0:mid_step:30")
+    monkeypatch.setenv("EXACT_JOIN_DELAY", "p1:2:4,p0:2:3")
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(2)]
+    for peer, addr in zip(("p0", "p1"), addrs):
+        cluster.start(peer, addr, [a for a in addrs if a != addr], command=APP,
+                      extra=("--min-members=2", "--attach-grace=60", "--regress-wait=20"))
+    p0_died = run_env["markers"] / "p0_mid_step_30"
+    cluster.wait_until(p0_died.exists, 90, "p0's application dying at r30")
+    cluster.agents["p0"].signal(signal.SIGTERM)
+    cluster.wait_until(lambda: not cluster.agents["p0"].alive(), 60, "p0's agent leaving")
+    assert cluster.agents["p0"].proc.returncode == 0, cluster.logs()
+    _, history = wait_certificate(cluster, addrs[1], lambda c: [m["peer_id"] for m in c["members"]] == ["p1"]
+                                  and c["frontier"]["revision"] >= 30, 60, "p1 alone from p0's copy on")
+    finish(cluster, run_env["summaries"], steps, peers=["p1"])
+
+    assert all(c["regressed_from"] is None for c in history), [c["recovery"] for c in history]
+    handed = [c for c in history if {m["peer_id"] for m in c["members"]} == {"p0", "p1"}
+              and c["frontier"]["revision"] >= 29]
+    assert handed and any(p["peer_id"] == "p1" for p in handed[-1]["pulled"]), "p1#2 pulled p0's copy"
+    assert "it stays until another member holds them" in cluster.agents["p0"].log.read_text()

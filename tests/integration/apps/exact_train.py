@@ -7,7 +7,8 @@ Because the update does not commute, the final w equals the reference only if ev
 exactly once and in order (I5). `reference(steps)` computes it in one process.
 
 Faults (env EXACT_FAULTS="peer:point:revision,..." with point in {mid_step, after_allreduce}) make this
-process SIGKILL itself once (a marker file in EXACT_MARKERS records that it fired).
+process SIGKILL itself once (a marker file in EXACT_MARKERS records that it fired). EXACT_JOIN_DELAY=
+"peer:incarnation:seconds,..." makes that incarnation wait before it joins (a slow restart).
 """
 
 from __future__ import annotations
@@ -51,7 +52,16 @@ def maybe_fault(peer: str, point: str, revision: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def delay_join() -> None:
+    me = (os.environ.get("P2PGEN_PEER_ID"), os.environ.get("P2PGEN_INCARNATION"))
+    for spec in filter(None, os.environ.get("EXACT_JOIN_DELAY", "").split(",")):
+        who, incarnation, seconds = spec.split(":")
+        if (who, incarnation) == me:
+            time.sleep(float(seconds))
+
+
 def main() -> None:
+    delay_join()
     steps = int(os.environ.get("EXACT_STEPS", 40))
     delay = float(os.environ.get("EXACT_STEP_DELAY", 0.05))
     state = p2pgen.SharedState(tensors={"w": np.arange(SIZE, dtype=np.int64)})
