@@ -646,9 +646,11 @@ class Agent:
             self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
         if self.node is None:
             return
+        member_recorded = self.incarnation is None      # no member to record the leave of
         try:
             if self.incarnation is not None:
                 self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
+                member_recorded = True
             view = self.node.wait_view(_job_finished, LEAVE_SETTLE_S) or self.node.view()
             if _job_finished(view):
                 log.info("left: every member of the job has left, so no Raft configuration is left to shrink")
@@ -664,6 +666,10 @@ class Agent:
                 return
             if not set(self.heartbeats.heard()) - {self.addr}:
                 log.info("left last: no other agent is heard any more, so no quorum is left to record it (%s)", e)
+                return
+            if member_recorded and self.membership.confirm_not_voter(self._known_agents(self.node.view())) is True:
+                log.info("left: a live member confirms this agent's voter is out of the Raft configuration (a "
+                         "removed node never hears the commit of its own removal: %s)", e)
                 return
             log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
                         "absence and replace it as a voter; nothing to do unless no agent is left running",

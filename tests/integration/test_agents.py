@@ -104,6 +104,18 @@ def test_fourth_agent_joins_through_any_member_then_leaves(cluster):
     assert joiner.proc.wait(10) == 0
 
 
+def test_a_voter_that_leaves_gracefully_says_it_left_not_that_no_quorum_recorded_it(cluster):
+    """Seen in a stress run: a leaving voter whose removal the others committed (a removed node never hears
+    that commit) warned that it "left without a Raft quorum to record it"."""
+    addrs, show = start_three(cluster)
+    leaver = cluster.agents["p2"]
+    leaver.signal(signal.SIGTERM)
+    left = cluster.wait(addrs[0], lambda s: "p2" not in dict(active_members(s)) and len(s["raft"]["voters"]) == 2)
+    assert addrs[2] not in {v["agent"] for v in left["raft"]["voters"]}
+    assert leaver.proc.wait(20) == 0
+    assert "left without a Raft quorum" not in leaver.log.read_text(), leaver.log.read_text()
+
+
 def test_paused_agent_is_evicted_and_rejoins_as_new_incarnation(cluster):
     addrs, show = start_three(cluster)
     victim = cluster.agents["p2"]

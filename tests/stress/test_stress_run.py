@@ -2,12 +2,14 @@
 
 Passes only when the Raft checker found no violation in the agents' traces (and had some to compare),
 every fault was followed by a committed step within 10 s, and every live member ended at one revision
-with one digest: the pass rule of `p2pgen stress` itself, unchanged.
+with one digest: the pass rule of `p2pgen stress` itself, unchanged. P2PGEN_STRESS_SEED picks another
+seed (default 1), so a loop over seeds runs this very test: `P2PGEN_STRESS_SEED=7 pytest -q tests/stress`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_a_short_churn_run_is_safe_live_and_ends_identical(capsys, tmp_path):
-    code = main(["stress", "--agents", "4", "--duration", "40", "--seed", "1", "--json", "--keep", str(tmp_path)])
+    seed = os.environ.get("P2PGEN_STRESS_SEED", "1")
+    code = main(["stress", "--agents", "4", "--duration", "40", "--seed", seed, "--json", "--keep", str(tmp_path)])
     report = json.loads(capsys.readouterr().out)
     assert set(report["violations"]) == set(CHECKS) and report["actions"]
     assert {"actions", "violations", "max_stall_s", "regressions", "final_digests"} <= set(report)
