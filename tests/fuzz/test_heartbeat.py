@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 JOB, SECRET = "fuzz-heartbeat", b"fuzz-heartbeat-secret-0123456789"
 KEY = derive_key(SECRET, JOB, "heartbeat")
 # A patient detector: on a loaded machine the honest peer must never be suspected during a test.
-CONFIG = DetectorConfig(kind="fixed", timeout=10.0, floor=5.0, heartbeat_interval=0.05)
+CONFIG = DetectorConfig(kind="fixed", timeout=10.0, floor=5.0, heartbeat_interval=0.01)
 
 
 def signed(body: bytes, key: bytes = KEY) -> bytes:
