@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+from p2pgen.collectives.nccl_lib import NcclUnavailable
+
 MULTI_RANK_MIN = 23000            # NCCL 2.30.0
 
 
@@ -216,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     from p2pgen.collectives.nccl_buffers import version_text
 
     sizes = [parse_size(s) for s in args.sizes]
-    cupy, nccl, major = _load()
+    try:
+        cupy, nccl, major = _load()
+    except NcclUnavailable as e:            # no GPU stack here: say so, and why; nothing was checked
+        skipped = {"skipped": f"no CuPy NCCL on this machine: {e}"}
+        print(json.dumps(skipped, indent=1) if args.json else _text(skipped))
+        return 0
     version = int(nccl.get_version())
     report: dict[str, Any] = {"cupy": cupy.__version__, "cupy_major": major, "nccl": version_text(version),
                               "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
@@ -242,6 +249,8 @@ def _new(nccl: Any) -> str:
 
 
 def _text(report: dict[str, Any]) -> str:
+    if "skipped" in report:
+        return f"# GPU part skipped: {report['skipped']}"
     out = [f"# {report['gpu']} · CuPy {report['cupy']} · NCCL {report['nccl']}",
            format_table(1, report["world1"]["rows"]), f"# world-1 correctness: {report['world1']['ok']}"]
     lc = report["lifecycle"]

@@ -20,3 +20,15 @@ def test_rows_take_the_slowest_member_and_compare_busbw_to_raw_nccl():
     assert "raw nccl" in table and "p2pgen staged" in table
     assert table.splitlines()[-1].split()[-1] == f"{0.011 / 0.0102:.3f}"
     assert gpu_check.busbw(1, 10**9, 1.0) == pytest.approx(1.0)
+
+
+def test_without_cupy_nccl_the_check_says_it_skipped_and_why(monkeypatch, capsys):
+    def unavailable():
+        raise gpu_check.NcclUnavailable("CuPy is not importable (No module named 'cupy')")
+
+    monkeypatch.setattr(gpu_check, "_load", unavailable)
+    assert gpu_check.main(["--json"]) == 0
+    said = capsys.readouterr().out
+    assert '"skipped"' in said and "No module named 'cupy'" in said
+    assert gpu_check.main([]) == 0
+    assert capsys.readouterr().out.startswith("# GPU part skipped: no CuPy NCCL on this machine: CuPy is not")

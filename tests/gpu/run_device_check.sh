@@ -8,8 +8,9 @@ PY=${PYTHON:-python3}
 LOGS=${OUT:-/tmp/p2pgen-gpu}
 mkdir -p "$LOGS"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi -L || true
-$PY -c "import cupy, cupy.cuda.nccl as n; print('cupy', cupy.__version__, 'nccl', n.get_version())"
+nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: no NVIDIA driver on this machine"
+$PY -c "import cupy, cupy.cuda.nccl as n; print('cupy', cupy.__version__, 'nccl', n.get_version())" 2>/dev/null \
+    || echo "CuPy NCCL is not importable: every GPU check below skips, saying why"
 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu -rs 2>&1 | tee "$LOGS/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 $PY -m p2pgen.bench.gpu_check --json >"$LOGS/gpu_check.json"
