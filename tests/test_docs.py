@@ -1,0 +1,252 @@
+"""The documentation stands alone: README.md, CHANGELOG.md and docs/**/*.md.
+
+Pure and fast (reads files, no network). Each check is a function that returns its problems as
+`file:line: what` strings, run on the real files and, to show it can fail, on a doctored input:
+
+- every relative Markdown link names a file or folder that exists inside the repository (anchors stripped);
+- no text points outside the repository: `../shared`, DESIGN.md, issue numbers, "seed documents", or an
+  absolute path of some machine (`/root/`, `/work/`, `/home/`, `/tmp/`, `/Users/`);
+- README.md is at most 200 lines and opens with the two commands (demo, tests), whose files exist;
+- docs/design/design.md defines each invariant I1..I8, and every invariant the code cites;
+- every `P2PGEN_*` variable the docs mention is in docs/reference/environment.md.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 200
+INVARIANTS = [f"I{i}" for i in range(1, 9)]
+
+REQUIRED = [
+    "README.md", "CHANGELOG.md",
+    "docs/guide/training-loop.md", "docs/guide/torch.md", "docs/guide/running-on-hosts.md",
+    "docs/guide/operating.md", "docs/guide/gpus.md", "docs/guide/limitations.md",
+    "docs/reference/cli.md", "docs/reference/environment.md", "docs/reference/json.md",
+    "docs/design/design.md",
+]
+
+# (pattern, why it is refused); matched case-insensitively on every line, code blocks included
+FORBIDDEN = [
+    (r"\.\./shared", "points outside the repository (../shared)"),
+    (r"(?-i:DESIGN\.md)", "names a design document outside the repository (the design is docs/design/design.md)"),
+    (r"\bissues?\s+#?\d+", "cites an issue number; describe the feature instead"),
+    (r"#\d+\s+issue", "cites an issue number; describe the feature instead"),
+    (r"\bseed\s+documents?\b", "refers to seed documents outside the repository"),
+    (r"\bthe\s+seeds\b", "refers to seed documents outside the repository"),
+    (r"\bseeds/", "refers to seed documents outside the repository"),
+    (r"\bseed\s+\d{3}\b", "refers to a seed document by number"),
+    (r"\bthe\s+seed's\b", "refers to a seed document outside the repository"),
+    (r"(?<![\w.~$/-])/(?:root|work|home|tmp|Users)/", "an absolute path of some machine"),
+]
+
+LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|//)", re.I)
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def rel(path: Path) -> str:
+    try:
+        return path.relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def without_code(text: str) -> str:
+    """The text with fenced blocks and inline code blanked out, newlines kept (so line numbers hold)."""
+    out, fenced = [], False
+    for line in text.split("\n"):
+        if FENCE.match(line):
+            fenced = not fenced
+            out.append("")
+        elif fenced:
+            out.append("")
+        else:
+            out.append(re.sub(r"`[^`]*`", lambda m: " " * len(m.group()), line))
+    return "\n".join(out)
+
+
+def broken_links(path: Path, text: str, root: Path = ROOT) -> list[str]:
+    """Relative links whose target (anchor stripped) does not exist, or lies outside the repository."""
+    problems = []
+    prose = without_code(text)
+    for m in LINK.finditer(prose):
+        target = m.group(1)
+        if EXTERNAL.match(target):
+            continue
+        file_part = target.split("#", 1)[0].split("?", 1)[0]
+        if not file_part:
+            continue                                    # an anchor in the same page
+        line = prose.count("\n", 0, m.start(1)) + 1
+        resolved = (path.parent / file_part).resolve()
+        where = f"{rel(path)}:{line}"
+        if resolved != root and root not in resolved.parents:
+            problems.append(f"{where}: link {target!r} leaves the repository")
+        elif not resolved.exists():
+            problems.append(f"{where}: link {target!r}: {rel(resolved)} does not exist")
+    return problems
+
+
+def forbidden_text(path: Path, text: str) -> list[str]:
+    problems = []
+    for n, line in enumerate(text.split("\n"), 1):
+        for pattern, why in FORBIDDEN:
+            for m in re.finditer(pattern, line, re.I):
+                problems.append(f"{rel(path)}:{n}: {m.group()!r}: {why}")
+    return problems
+
+
+def readme_problems(path: Path, text: str, root: Path = ROOT) -> list[str]:
+    problems = []
+    lines = text.split("\n")
+    count = len(lines) - (1 if text.endswith("\n") else 0)
+    if count > README_MAX_LINES:
+        problems.append(f"{rel(path)}:{README_MAX_LINES + 1}: README.md has {count} lines, "
+                        f"at most {README_MAX_LINES} (move the rest into docs/)")
+    start = next((i for i, l in enumerate(lines) if FENCE.match(l)), None)
+    if start is None or any(l.strip().startswith("$ ") for l in lines[:start]):
+        return problems + [f"{rel(path)}:1: README.md must open with a code block holding its two commands"]
+    end = next((i for i in range(start + 1, len(lines)) if FENCE.match(lines[i])), len(lines))
+    commands = [l for l in lines[start + 1:end] if l.strip()]
+    demo = [c for c in commands if "p2pgen join --local" in c and "examples/train_spot.py" in c]
+    tests = [c for c in commands if "-m pytest -q" in c]
+    if len(commands) != 2 or len(demo) != 1 or len(tests) != 1:
+        problems.append(f"{rel(path)}:{start + 2}: the first code block must hold exactly the demo command "
+                        f"(p2pgen join --local ... examples/train_spot.py) and the test command (-m pytest -q)")
+    for command in commands:
+        for name in re.findall(r"\b(?:examples|tests)/[\w./-]+\.py\b", command):
+            if not (root / name).exists():
+                problems.append(f"{rel(path)}:{start + 2}: the command runs {name}, which does not exist")
+    return problems
+
+
+def invariant_problems(path: Path, text: str, cited: set[str] = frozenset()) -> list[str]:
+    """Each of I1..I8 (and every invariant the code cites) defined once as `- **In: Name.** statement`."""
+    problems = []
+    for name in sorted(set(INVARIANTS) | set(cited), key=lambda s: int(s[1:])):
+        found = re.findall(rf"^\s*[-*]\s+\*\*{name}:\s+[^*\n]+\*\*\s+\S.{{20,}}", text, re.M)
+        if len(found) != 1:
+            problems.append(f"{rel(path)}:1: invariant {name} must be defined exactly once as "
+                            f"'- **{name}: Name.** statement' (found {len(found)})")
+    return problems
+
+
+def cited_invariants() -> set[str]:
+    cited = set()
+    for folder in ("p2pgen", "tests"):
+        for source in (ROOT / folder).rglob("*.py"):
+            if source == Path(__file__).resolve():
+                continue                                # this file names I9 on purpose
+            cited.update(re.findall(r"\bI\d+\b", source.read_text(encoding="utf-8")))
+    return cited
+
+
+def undocumented_variables(texts: dict[Path, str], reference: str) -> list[str]:
+    documented = set(re.findall(r"\bP2PGEN_[A-Z0-9_]+", reference))
+    problems = []
+    for path, text in texts.items():
+        for n, line in enumerate(text.split("\n"), 1):
+            for var in re.findall(r"\bP2PGEN_[A-Z0-9_]+", line):
+                if var not in documented:
+                    problems.append(f"{rel(path)}:{n}: {var} is not in docs/reference/environment.md")
+    return problems
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def fail_on(problems: list[str]) -> None:
+    assert not problems, "\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------- the real files
+
+def test_required_pages_exist():
+    fail_on([f"{name}: missing" for name in REQUIRED if not (ROOT / name).is_file()])
+
+
+def test_relative_links_resolve():
+    fail_on([p for path in doc_files() for p in broken_links(path, read(path))])
+
+
+def test_no_references_outside_the_repository():
+    fail_on([p for path in doc_files() for p in forbidden_text(path, read(path))])
+
+
+def test_readme_is_a_front_door():
+    path = ROOT / "README.md"
+    fail_on(readme_problems(path, read(path)))
+
+
+def test_design_defines_every_invariant():
+    path = ROOT / "docs" / "design" / "design.md"
+    fail_on(invariant_problems(path, read(path), cited_invariants()))
+
+
+def test_every_variable_is_in_the_environment_reference():
+    reference = read(ROOT / "docs" / "reference" / "environment.md")
+    fail_on(undocumented_variables({path: read(path) for path in doc_files()}, reference))
+
+
+# ---------------------------------------------------------------- each check can fail
+
+def test_a_broken_link_is_named_with_file_and_line(tmp_path):
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    (tmp_path / "docs" / "there.md").write_text("x")
+    text = ("# t\n[ok](there.md#part) [web](https://example.com) [here](#x)\n\n"
+            "[gone](missing.md#a)\n```\n[not a link](nowhere.md)\n```\n[out](../../elsewhere.md)\n")
+    problems = broken_links(page, text, root=tmp_path)
+    assert len(problems) == 2, problems
+    assert "page.md:4" in problems[0] and "missing.md" in problems[0]
+    assert "page.md:8" in problems[1] and "leaves the repository" in problems[1]
+
+
+@pytest.mark.parametrize("bad", [
+    "see ../shared/notes/x.md", "as DESIGN.md says", "fixed in issue 16", "(issues #12)", "#7 issue",
+    "the seed documents", "read the seeds first", "seeds/README.md", "seed 000's fields",
+    "the seed's tables", "at /root/x", "in `/work/main`", "/home/me/.cache", "--secret-file /tmp/s",
+])
+def test_forbidden_text_is_named_with_file_and_line(bad):
+    problems = forbidden_text(ROOT / "docs" / "x.md", f"fine\n{bad}\n")
+    assert problems and all(p.startswith("docs/x.md:2: ") for p in problems), problems
+
+
+@pytest.mark.parametrize("fine", ["--seed 1", "a seeded plan", "the seed agent", "/dev/shm", "sims/README.md",
+                                  "/proc/self/fd", "in issue order", "run #19"])
+def test_forbidden_text_leaves_ordinary_words_alone(fine):
+    assert forbidden_text(ROOT / "docs" / "x.md", fine) == []
+
+
+def test_a_long_readme_or_a_lost_command_fails():
+    path = ROOT / "README.md"
+    good = read(path)
+    assert readme_problems(path, good) == []
+    assert any("lines, at most" in p for p in readme_problems(path, good + "x\n" * README_MAX_LINES))
+    lost = good.replace("-m pytest -q", "-m pytest", 1)
+    assert any("first code block" in p for p in readme_problems(path, lost))
+    moved = good.replace("examples/train_spot.py", "examples/no_such_demo.py", 1)
+    assert any("does not exist" in p for p in readme_problems(path, moved))
+
+
+def test_a_missing_invariant_fails():
+    path = ROOT / "docs" / "design" / "design.md"
+    text = read(path)
+    assert invariant_problems(path, text) == []
+    doctored = re.sub(r"\*\*I6:", "**I6 (gone):", text)
+    assert [p for p in invariant_problems(path, doctored) if "I6" in p]
+    assert [p for p in invariant_problems(path, text, {"I9"}) if "I9" in p]
+
+
+def test_an_undocumented_variable_fails():
+    problems = undocumented_variables({ROOT / "docs" / "x.md": "a\nset P2PGEN_NOT_A_THING=1\n"}, "P2PGEN_JOB")
+    assert problems == ["docs/x.md:2: P2PGEN_NOT_A_THING is not in docs/reference/environment.md"]
