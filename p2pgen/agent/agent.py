@@ -47,7 +47,7 @@ from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
 from p2pgen.core import Command, Configure, Kept, Leave, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
-from p2pgen.core.steward import hand_over_due, relaunch_due, standby_due, vote_owed
+from p2pgen.core.steward import alone_active, hand_over_due, relaunch_due, standby_due, vote_owed
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
@@ -198,7 +198,7 @@ class Agent:
     def request_leave(self) -> None:
         """Leave the job gracefully (SIGTERM, `leave` RPC): callable from any thread."""
         self._leave_requested.set()
-        self._events.put(("leave",))
+        self._events.put(("leave",))          # wakes the driver, whose turn decides when (_leave_once_handed_over)
 
     def _shutdown(self) -> None:
         self._drop_standby()
@@ -424,8 +424,6 @@ class Agent:
         kind = event[0]
         if kind == "view":
             self._view_wake.clear()
-        elif kind == "leave":
-            return self._leave_once_handed_over()
         if kind == "app_exited":
             return self._on_app_exit(*event[1:])
         if kind == "app_stopped":
@@ -707,8 +705,7 @@ class Agent:
 
     def _only_copy_where(self) -> str:
         view = self.membership.view()
-        active = view.machine.active if view is not None else None
-        if active is not None and [m.identity for m in active.members] == [(self.config.peer_id, self.incarnation)]:
+        if view is not None and alone_active(view.machine, (self.config.peer_id, self.incarnation)):
             return "its member alone is the active generation"
         return "the local copy its application left on this host, which the job waits for"
 

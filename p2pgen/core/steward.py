@@ -73,13 +73,15 @@ def hand_over_due(machine: GenerationMachine, identity: tuple[str, int | None], 
         now: wall-clock time, to judge the `regress_wait` of `Kept` notes.
         local: (revision, generation) of the local copy on this host, None without one.
     """
-    peer_id = identity[0]
-    if not _someone_to_take_it(machine, peer_id, now):
+    if not _someone_to_take_it(machine, identity[0], now):
         return False
+    return alone_active(machine, identity) or _holds_the_only_copy(machine, identity, now, local)
+
+
+def alone_active(machine: GenerationMachine, identity: tuple[str, int | None]) -> bool:
+    """Whether the member `identity` alone is the active generation."""
     active = machine.active
-    if active is not None and [m.identity for m in active.members] == [identity]:
-        return True
-    return _holds_the_only_copy(machine, identity, now, local)
+    return active is not None and [m.identity for m in active.members] == [identity]
 
 
 def _someone_to_take_it(machine: GenerationMachine, peer_id: str, now: float) -> bool:
@@ -91,9 +93,9 @@ def _someone_to_take_it(machine: GenerationMachine, peer_id: str, now: float) ->
 def _holds_the_only_copy(machine: GenerationMachine, identity: tuple[str, int | None], now: float,
                          local: tuple[int, int] | None) -> bool:
     """The best revision this peer holds (the local copy on this host, while the job waits for it or its
-    registered member will vote with it; its vote), on the job's history, is above what every other member is known to hold (their votes; the active generation's frontier
-    when another member is in it). Never while its member trains in an active generation with others: they
-    commit every step it commits."""
+    registered member will vote with it; its vote), on the job's history, is above what every other member
+    is known to hold (their votes; the active generation's frontier when another member is in it). Never
+    while its member trains in an active generation with others: they commit every step it commits."""
     peer_id = identity[0]
     active = machine.active
     in_active = active is not None and identity in {m.identity for m in active.members}
