@@ -110,6 +110,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", action="append", metavar="SECTION",
                    choices=("membership", "steploop", "heal", "catchup", "overhead"),
                    help="run only this section (repeatable): membership, steploop, heal, catchup, overhead")
+    add_cluster_arguments(p, "each agent of the membership and step-loop sections (p2pgen and restart-all; at "
+                             "least 4 hosts)")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")
     p.add_argument("--out", help="also write the JSON to this file")
     p.add_argument("--plot", metavar="FILE", help="also draw the step-loop table beside restart-all and the "
@@ -131,6 +133,15 @@ def _run_recovery(args: argparse.Namespace) -> int:
     if args.peers:
         plan = dataclasses.replace(plan, peers=tuple(p for p in recovery.STEPLOOP_PEERS if p in args.peers))
     sections = tuple(s for s in recovery.SECTIONS if not args.only or s in args.only)
+    if args.hosts:
+        if args.hosts < 4:
+            raise SystemExit("p2pgen bench recovery: --hosts needs at least 4 hosts (3 members and a joiner)")
+        skipped = [s for s in sections if s not in recovery.HOST_SECTIONS]
+        if skipped:
+            print(f"p2pgen bench recovery: on emulated hosts only {', '.join(recovery.HOST_SECTIONS)} run; "
+                  f"skipped: {', '.join(skipped)}", file=sys.stderr)
+        sections = tuple(s for s in sections if s in recovery.HOST_SECTIONS)
+        plan = dataclasses.replace(plan, hosts=_cluster("recovery", args))
     if args.plot:
         _plots_module("recovery")
     return recovery.main(plan, args.detect_timeout, sections, args.json, args.out, args.plot)

@@ -51,7 +51,6 @@ STOP_MARGIN = 30                 # steps past the highest committed revision whe
 EXIT_WAIT_S = 20.0
 SPARE_ADDRESSES = 64             # fresh control addresses for joining peers
 AGENT_ARGS = ("--max-restarts=1000000",)
-HOST_PORT = 23400                # every agent's control port on an emulated host
 
 
 @dataclass
@@ -115,7 +114,7 @@ class Harness:
         self.rng = random.Random(f"p2pgen-stress/{config.seed}")
         for sub in ("traces", "progress"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=())
+        self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=(), hosts=config.hosts)
         self.rules = run_dir / "faults.json"
         faults.heal(self.rules)
         self.partition: tuple[faults.Window, float] | None = None   # the open network fault, and when to heal it
@@ -150,7 +149,7 @@ class Harness:
         try:
             if self.hosts is not None:
                 self.hosts.create()
-                self.free = [self.hosts.addr(i, HOST_PORT) for i in range(len(self.hosts.names))]
+                self.free = self.cluster.addresses(len(self.hosts.names))
                 self.say(self.hosts.describe())
             self._start_job()
             first = self._wait_first_commit()
@@ -173,9 +172,8 @@ class Harness:
         self.say(f"started {len(addrs)} agents at {', '.join(addrs)}; run directory {self.run_dir}")
 
     def _start_agent(self, peer: str, addr: str, peers: list[str], extra: tuple[str, ...] = ()) -> None:
-        prefix = self.hosts.prefix(self.hosts.host_of(addr)) if self.hosts else ()
         proc = self.cluster.start(peer, addr, peers, command=self.config.command, extra=(*AGENT_ARGS, *extra),
-                                  env=self.env, prefix=prefix)
+                                  env=self.env)
         self.slots[peer] = Slot(peer, addr, proc)
 
     def _wait_first_commit(self) -> float | None:

@@ -175,3 +175,13 @@ def test_bench_allreduce_refuses_a_bad_topology_before_it_starts(tmp_path):
     bad.write_text("intra 1gbit\ninter 10mbit\nzone a h0 h7\n")
     with pytest.raises(SystemExit, match=r"zones.txt:3: host 'h7' does not exist"):
         cli.main(["bench", "allreduce", "--hosts", "2", "--topology", str(bad)])
+
+
+def test_bench_recovery_on_hosts_needs_four_of_them():
+    with pytest.raises(SystemExit, match="at least 4 hosts"):
+        cli.main(["bench", "recovery", "--hosts", "3", "--rate", "1gbit", "--quick"])
+
+
+def test_stress_on_hosts_needs_one_host_per_agent(capsys):
+    assert cli.main(["stress", "--hosts", "3", "--agents", "5"]) == 2
+    assert "one host per agent" in capsys.readouterr().err
