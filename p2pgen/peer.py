@@ -260,6 +260,7 @@ class Peer:
         self.view = JobView.from_json(self.agent.show())    # the job as the local agent last showed it
         self._view_lock = threading.Condition()
         self._closed = threading.Event()
+        self._drained = threading.Event()     # the agent drains (SIGTERM, a spot notice): stop at a step boundary
         self._lost: str | None = None             # why the local agent counts as lost (set by the watcher)
         self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
         self._watcher.start()
@@ -272,7 +273,9 @@ class Peer:
 
     def steps(self) -> Iterator[Step]:
         """Steps of the current generation, forever; crosses generation changes transparently.
-        Ends when `close()` was called; raises `Evicted` or `AgentLost` (see the module docstring)."""
+        Ends when `close()` was called, or at the next step boundary once the agent drains (it was sent SIGTERM
+        or read a spot notice: the process should then finish and exit, and the job goes on without it);
+        raises `Evicted` or `AgentLost` (see the module docstring)."""
         while not isinstance(self._next_action(), Stop):
             assert self.backend is not None
             step = Step(self, self.backend)
@@ -392,7 +395,8 @@ class Peer:
         return Local(now=time.time(), clock=time.monotonic(),
                      running=backend.generation if backend is not None else None,
                      failed=backend is not None and backend.failed is not None, switch_to=self._switch_to,
-                     closed=self._closed.is_set(), at_stop=self.state.revision >= self.progress.stop_revision())
+                     closed=self._closed.is_set(),
+                     at_stop=self._drained.is_set() or self.state.revision >= self.progress.stop_revision())
 
     def _perform(self, action: Action, view: JobView) -> bool | None:
         """Do `action` and report it to the follower; True done, False refused by the job, None not possible now."""
@@ -650,8 +654,12 @@ class Peer:
         failures = 0
         while not self._closed.is_set():
             try:
-                view = JobView.from_json(client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self.view.index,
-                                                      leader=self.view.leader, timeout=WATCH_POLL_S))
+                shown = client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self.view.index,
+                                     leader=self.view.leader, timeout=WATCH_POLL_S,
+                                     stop_at_boundary=self._drained.is_set())
+                view = JobView.from_json(shown)
+                if ((shown.get("agent") or {}).get("draining") or {}).get("stop_at_boundary"):
+                    self._drained.set()
                 failures = 0
             except RpcError as e:            # it answered without a view (its Raft node restarting): wait for it
                 log.info("agent at %s has no view now: %s", agent_addr, e)
