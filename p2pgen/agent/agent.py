@@ -720,8 +720,10 @@ class Agent:
             self._drain_said = why
             log.info("draining: %s", why if move != "stay" else f"{why} ({self._only_copy_where()}); it stays "
                      f"until another member holds them (at most {drain.hand_over_wait:.0f} s)")
-        if move == "stop_app":               # the application's watch (a `wait` call) sees it within 0.1 s
+        if move == "stop_app":               # the application's watch (a `wait` call) sees it at once
             self._drain = Drain(drain.since, drain.deadline, drain.hand_over_wait, time.monotonic())
+            if self.node is not None:
+                self.node.wake_waiters()
         if move != "leave":
             return False
         self._leave()

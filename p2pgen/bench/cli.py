@@ -108,8 +108,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a short run of every section (a few minutes: the step loop "
                                                         "alone takes about 3 with every peer)")
     p.add_argument("--only", action="append", metavar="SECTION",
-                   choices=("membership", "steploop", "heal", "catchup", "overhead"),
-                   help="run only this section (repeatable): membership, steploop, heal, catchup, overhead")
+                   choices=("membership", "steploop", "heal", "catchup", "overhead", "drain"),
+                   help="run only this section (repeatable): membership, steploop, heal, catchup, overhead, drain")
     add_cluster_arguments(p, "each agent of the membership and step-loop sections (p2pgen and restart-all; at "
                              "least 4 hosts)")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")

@@ -206,6 +206,12 @@ class RaftNode:
     def view(self) -> RaftView | None:
         return self._view
 
+    def wake_waiters(self) -> None:
+        """Make every `wait_view` re-check its predicate now (its predicate also reads something other than the
+        view, which just changed)."""
+        with self._view_changed:
+            self._view_changed.notify_all()
+
     def wait_view(self, predicate: Callable[[RaftView], bool], timeout: float) -> RaftView | None:
         """Block until a published view satisfies `predicate`; return it (or None on timeout)."""
         deadline = time.monotonic() + timeout
