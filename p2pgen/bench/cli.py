@@ -34,6 +34,9 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
     p.add_argument("--no-shm", action="store_true", help="p2pgen without shared memory (P2PGEN_SHM=0): the TCP ring "
                                                         "at every size, as between hosts")
+    p.add_argument("--encrypt", action="store_true", help="also time p2pgen with sealed links (join --encrypt) in the "
+                                                         "same interleaved rounds: the sealed/plain time ratio and "
+                                                         "the per-core AES-256-GCM rate (use with --no-shm)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
                                                   "(.png, .svg, .pdf; matplotlib from the sim extra)")
@@ -52,8 +55,9 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         raise SystemExit("p2pgen bench allreduce: --world and --rounds must be at least 1")
     plots = _plots_module("allreduce") if args.plot else None
     rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
-                         shm=not args.no_shm, rounds=args.rounds)
-    print(allreduce.to_json(args.world, rows) if args.json else allreduce.format_table(args.world, rows))
+                         shm=not args.no_shm, rounds=args.rounds, encrypt=args.encrypt)
+    rates = allreduce.seal_throughput(chunk) if args.encrypt else None
+    print(allreduce.to_json(args.world, rows, rates) if args.json else allreduce.format_table(args.world, rows, rates))
     if plots is not None:
         plots.plot_allreduce(args.world, rows, allreduce.busbw, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
