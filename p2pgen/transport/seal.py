@@ -35,13 +35,14 @@ from __future__ import annotations
 import struct
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+ENV = "P2PGEN_ENCRYPT"                        # "1": the application's links are sealed (the agent sets it)
 CIPHER = "aes-256-gcm"
 INFO = b"p2pgen-seal/1"
 TAG_BYTES = 16
@@ -51,6 +52,18 @@ OVERHEAD = _COUNTER.size + TAG_BYTES          # bytes a sealed frame adds to its
 REASONS = ("bad_seal", "replayed")            # the counters a failed frame goes under
 
 Read = Callable[[memoryview], None]           # fills the view from the connection, or raises
+
+
+def from_env(environ: Mapping[str, str]) -> bool:
+    """Whether $P2PGEN_ENCRYPT asks for sealed links ("1"; unset, empty or "0": not).
+
+    Raises:
+        ValueError: any other value.
+    """
+    value = environ.get(ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${ENV}={value!r}: use 1 to encrypt the links, 0 (or unset) not to")
+    return value == "1"
 
 
 class SealError(Exception):
