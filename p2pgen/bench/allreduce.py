@@ -146,7 +146,8 @@ def format_table(world: int, rows: list[Row], seal_rates: tuple[float, float] | 
 
 def _sealed_table(world: int, rows: list[Row], seal_rates: tuple[float, float] | None) -> str:
     gloo = any(r.gloo_s is not None for r in rows)
-    head = (f"# all_reduce sum float32, world {world} on 127.0.0.1, {os.cpu_count()} CPUs: plain vs sealed (--encrypt)\n"
+    head = (f"# all_reduce sum float32, world {world} on 127.0.0.1, {os.cpu_count()} CPUs: plain vs sealed "
+            "(--encrypt)\n"
             f"# {'':>24}{'p2pgen plain':^36}{'p2pgen sealed':^36}" + (f"{'torch gloo':^36}" if gloo else "") + "\n"
             f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
             * (3 if gloo else 2) + f"{'sealed/plain':>12} {'per round':>11} {'p2pgen path':>11}")
@@ -159,7 +160,8 @@ def _sealed_table(world: int, rows: list[Row], seal_rates: tuple[float, float] |
         cells.append(f" {f'{r.seal_ratio_min:.2f}..{r.seal_ratio_max:.2f}':>11} {r.path:>11}")
         lines.append("".join(cells))
     lines.append("# sealed/plain: time ratio, median over the interleaved rounds (1.05 = 5 % slower); per round: its "
-                 "min..max. Sizes on the shm path never leave the host and are not sealed: measure the ring with --no-shm")
+                 "min..max.\n# Sizes on the shm path never leave the host and are not sealed: measure the ring with "
+                 "--no-shm")
     if seal_rates is not None:
         lines.append(f"# AES-256-GCM on one core (1 MiB frames): encrypt {seal_rates[0]:.2f} GB/s, decrypt "
                      f"{seal_rates[1]:.2f} GB/s")

@@ -39,8 +39,8 @@ KEY_PURPOSE = "state"
 _LEN = struct.Struct(">I")
 
 REASONS = ("auth_failed", "not_member", "wrong_incarnation", "stale_generation", "not_serving", "mutated",
-           "malformed", "oversized", "truncated", "bad_checksum", "digest_mismatch", "wrong_frontier", "bad_seal", "replayed",
-           "encryption_mismatch")
+           "malformed", "oversized", "truncated", "bad_checksum", "digest_mismatch", "wrong_frontier", "bad_seal",
+           "replayed", "encryption_mismatch")
 
 
 class StateSyncError(P2PGenError):
