@@ -12,15 +12,15 @@ import threading
 import numpy as np
 import pytest
 
-from p2pgen.channel import Channel, ChannelConfig, Endpoint
+from p2pgen.channel import Channel, ChannelConfig
 from p2pgen.collectives import TcpBackend
 from p2pgen.collectives import shm
 from p2pgen.core.model import Frontier
 from p2pgen.errors import EncryptionMismatch, PeerLost, ProtocolError
 from p2pgen.state import PullConfig, ServerConfig, StateSyncError, pull_state
 from p2pgen.testing.ports import open_transport
-from p2pgen.transport import Group, TransportConfig
-from tests.channel.conftest import open_listener
+from p2pgen.transport import Endpoint, Group, TransportConfig
+from tests.channel.conftest import JOB as CHANNEL_JOB, SECRET as CHANNEL_SECRET, open_listener
 from tests.state.helpers import JOB, SECRET, make_state, open_server, source_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,6 +43,9 @@ class Proxy:
                 break
             except OSError:
                 continue
+        else:
+            self.server.close()
+            raise OSError("no free port in 20000-31999 for the proxy")
         self.server.listen(1)
         self.port = self.server.getsockname()[1]
         self.socks: list[socket.socket] = []
@@ -107,7 +110,7 @@ def run_ranks(fns) -> list:
 
 @pytest.fixture
 def ring(monkeypatch):
-    """`ring(configs, proxy_flip=...)`: one Transport per config; rank 0 reaches rank 1 through a Proxy.
+    """`ring(configs, flip_at=...)`: one Transport per config; rank 0 reaches rank 1 through a Proxy.
     Returns (transports, backends, proxy); everything is closed after the test."""
     monkeypatch.setenv(shm.ENV, "0")               # every size takes the TCP ring, as between hosts
     made: list = []
@@ -118,7 +121,7 @@ def ring(monkeypatch):
         proxy = Proxy(transports[1].port, flip_at)
         made.append(proxy.close)
         members = [t.endpoint() for t in transports]
-        seen_by_0 = [members[0], type(members[1])(*members[1].identity, "127.0.0.1", proxy.port), *members[2:]]
+        seen_by_0 = [members[0], Endpoint(*members[1].identity, "127.0.0.1", proxy.port), *members[2:]]
         backends = [TcpBackend(t, Group(JOB, GEN, seen_by_0 if i == 0 else members, i))
                     for i, t in enumerate(transports)]
         made.extend(b.close for b in backends)
@@ -157,8 +160,7 @@ def test_a_joiner_pulls_the_state_and_a_channel_carries_messages_sealed(tmp_path
                                 config=PullConfig(chunk_bytes=64 << 10, encrypt=True), progress=False)
         assert dst.digest() == src.digest() and "layer1.weight" in report.tensors_fetched
         assert not any(report.refusals.values()) and not any(server.stats().values())
-        from tests.channel.conftest import JOB as CJOB, SECRET as CSECRET
-        channel = Channel(CJOB, CSECRET, ("prefill", 1), Endpoint("decode", 1, listener.host, listener.port),
+        channel = Channel(CHANNEL_JOB, CHANNEL_SECRET, ("prefill", 1), Endpoint("decode", 1, listener.host, listener.port),
                           config=ChannelConfig(encrypt=True, connect_timeout=3.0))
         for i in range(3):
             channel.send(np.full(1000, i, np.int32))
@@ -197,7 +199,7 @@ def test_a_member_without_encrypt_is_refused_on_every_plane(ring, tmp_path):
         server.close()
 
     listener = open_listener(tmp_path)                      # a plain receiver; the sender encrypts
-    channel = Channel("channel-test", b"channel-test-secret-0123456789ab", ("prefill", 1),
+    channel = Channel(CHANNEL_JOB, CHANNEL_SECRET, ("prefill", 1),
                       Endpoint("decode", 1, listener.host, listener.port),
                       config=ChannelConfig(encrypt=True, connect_timeout=1.0))
     try:

@@ -4,6 +4,7 @@ counted under one reason, names its peer and generation, and never reaches a buf
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from p2pgen.errors import EncryptionMismatch, PeerLost, ProtocolError
 from p2pgen.testing.rogue import RoguePeer
-from p2pgen.transport import FrameKind, TransportConfig, frame, seal
+from p2pgen.transport import FrameKind, frame, seal
 from tests.transport.conftest import CONFIG, JOB, ROGUE, SECRET, Target
 
 pytestmark = pytest.mark.timeout(30)
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(30)
 KEY = b"k" * 32
 BINDING = (b"job", b"5", b"peer0", b"1000", b"peer1", b"2000")
 FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True)
-SEALED = TransportConfig(**{**CONFIG.__dict__, "encrypt": True})
+SEALED = dataclasses.replace(CONFIG, encrypt=True)
 
 
 def pair(nonce_d: bytes = b"d" * 16, nonce_l: bytes = b"l" * 16, key: bytes = KEY) -> tuple[seal.Seal, seal.Seal]:
