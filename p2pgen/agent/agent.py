@@ -53,6 +53,7 @@ from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
 from p2pgen.raft.trace import ENV_DIR, Trace
+from p2pgen.transport import seal
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class AgentConfig:
     notice_file: str | None = None                # a spot notice appears here (None: not watched)
     notice_url: str | None = None                 # a spot-notice endpoint, polled (None: nothing is polled)
     notice_interval: float = 1.0                  # seconds between two readings of the notice source
+    encrypt: bool = False                         # the application seals its links (--encrypt: $P2PGEN_ENCRYPT=1)
 
 
 @dataclass
@@ -313,7 +315,7 @@ class Agent:
             "P2PGEN_INCARNATION": str(incarnation) if incarnation is not None else None, "P2PGEN_AGENT": self.addr,
             "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
             "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir,
-            "P2PGEN_STANDBY": standby}
+            "P2PGEN_STANDBY": standby, seal.ENV: "1" if self.config.encrypt else None}
         env.update(self.config.state.app_env(self.config.job, self.config.peer_id, self.addr))
         if self.config.secret_file:
             env["P2PGEN_SECRET_FILE"] = self.config.secret_file

@@ -21,6 +21,8 @@ from p2pgen.agent.detectflags import add_detector_arguments, config_from_args
 from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, state_flags
 from p2pgen.auth import SecretError, load_secret, read_secret_file
 
+NO_SECRET_TO_ENCRYPT = ("--encrypt needs a real job secret: give --secret-file (or $P2PGEN_SECRET_FILE); without "
+                        "one the secret derives from the job name, and so would every key")
 DEMO_STEP_DELAY_S = 0.5      # `join --local --chaos --steps`: a step paced like (small) real training
 
 
@@ -39,6 +41,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="a member's control address")
     join.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE, else an "
                                             "insecure demo secret)")
+    join.add_argument("--encrypt", action="store_true", default=None,
+                      help="seal the application's links (data plane, state transfer, channels) with AES-256-GCM, "
+                           "keyed per connection from the job secret; every member must use it (default: "
+                           "$P2PGEN_ENCRYPT=1, else off)")
     join.add_argument("--max-restarts", type=int, default=10, help="restarts of a failing COMMAND before leaving")
     join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
                                                                  "members registered (same value on every agent)")
@@ -154,12 +160,15 @@ def cmd_join(args: argparse.Namespace) -> int:
         secret = load_secret(args.secret_file, args.job)
         if args.drain_timeout <= 0:
             raise ValueError(f"--drain-timeout {args.drain_timeout}: give a positive number of seconds")
+        encrypt = _encrypt(args)
+        if encrypt and read_secret_file(args.secret_file) is None:
+            raise ValueError(NO_SECRET_TO_ENCRYPT)
         agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
                                   secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer,
                                   command=_command(args), max_restarts=args.max_restarts,
                                   min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
                                   attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state,
-                                  standby=args.standby, drain_timeout=args.drain_timeout,
+                                  standby=args.standby, encrypt=encrypt, drain_timeout=args.drain_timeout,
                                   notice_file=args.notice_file, notice_url=args.notice_url,
                                   notice_interval=args.notice_interval))
     except (ValueError, SecretError) as e:
@@ -383,6 +392,7 @@ def run_local_demo(args: argparse.Namespace) -> int:
         return 2
     try:
         state = state_config_from_args(args)
+        encrypt = _encrypt(args)
     except ValueError as e:
         print(f"p2pgen join --local: {e}", file=sys.stderr)
         return 2
@@ -390,11 +400,18 @@ def run_local_demo(args: argparse.Namespace) -> int:
                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}",
-                  f"--standby={args.standby}"]
+                  f"--standby={args.standby}"] + (["--encrypt"] if encrypt else [])
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
                    chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args),
                    http=(args.http, args.http_bind) if args.http is not None else None)
     return job.run()
+
+
+def _encrypt(args: argparse.Namespace) -> bool:
+    """--encrypt, else $P2PGEN_ENCRYPT (ValueError on a value other than 0 or 1)."""
+    from p2pgen.transport import seal
+
+    return True if args.encrypt else seal.from_env(os.environ)
 
 
 def _demo_step_delay(args: argparse.Namespace) -> float | None:

@@ -35,6 +35,9 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
     p.add_argument("--no-shm", action="store_true", help="p2pgen without shared memory (P2PGEN_SHM=0): the TCP ring "
                                                         "at every size, as between hosts")
+    p.add_argument("--encrypt", action="store_true", help="also time p2pgen with sealed links (join --encrypt) in the "
+                                                         "same interleaved rounds: the sealed/plain time ratio and "
+                                                         "the per-core AES-256-GCM rate (use with --no-shm)")
     add_cluster_arguments(p, "one rank of each backend")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
@@ -69,15 +72,17 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         if hosts:
             hosts.create()
         rows = allreduce.run(world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
-                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts)
+                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts, encrypt=args.encrypt)
     finally:
         if hosts:
             hosts.remove()
+    rates = allreduce.seal_throughput(chunk) if args.encrypt else None
     if args.json:
-        print(allreduce.to_json(world, rows))
+        print(allreduce.to_json(world, rows, rates))
     else:
         link = hosts.topology.intra if hosts and hosts.topology and hosts.topology.is_uniform() else None
-        print(allreduce.format_table(world, rows, where=hosts.describe() if hosts else "127.0.0.1", link_bits=link))
+        print(allreduce.format_table(world, rows, where=hosts.describe() if hosts else "127.0.0.1", link_bits=link,
+                                     seal_rates=rates))
     if plots is not None:
         plots.plot_allreduce(world, rows, allreduce.busbw, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -36,7 +36,7 @@ def _summary(summaries: Path, peer: str) -> dict:
     return data
 
 
-def test_a_notice_drains_a_member_at_a_step_boundary(cluster, run_env, monkeypatch, tmp_path):
+def test_a_notice_drains_a_member_at_a_step_boundary(cluster, run_env, monkeypatch, tmp_path):  # noqa: F811
     monkeypatch.setenv("EXACT_STEPS", str(STEPS))
     endpoint = Endpoint()
     notice_file = tmp_path / "spot-notice"
