@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "Peer": "p2pgen.peer", "Step": "p2pgen.peer", "current_peer": "p2pgen.peer", "join": "p2pgen.peer",
     "Partition": "p2pgen.core.ownership", "plan_ownership": "p2pgen.core.ownership",
     "ShardedObject": "p2pgen.state", "SharedState": "p2pgen.state",
+    "ElasticLoader": "p2pgen.data", "ElasticSampler": "p2pgen.data",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from p2pgen.collectives import Backend, ReduceOp, TcpBackend
     from p2pgen.core import Certificate, Frontier, GenerationMachine, Member
     from p2pgen.core.ownership import Partition, plan_ownership
+    from p2pgen.data import ElasticLoader, ElasticSampler
     from p2pgen.errors import (
         AgentLost, AuthenticationError, BarrierTimeout, Evicted, GenerationChanged, P2PGenError, PeerLost,
         ProtocolError,

@@ -1,6 +1,8 @@
 """all_reduce benchmark: p2pgen's tcp backend and torch gloo, same machine, same run, one after the other.
 
-Each backend runs `world` processes on loopback; both groups are started up front and take turns: for
+Each backend runs `world` processes on loopback, or one process in each host of an emulated cluster
+(`p2pgen.testing.netns`: network namespaces on a bridge with shaped links; the worker enters its host before it
+opens a socket, and both backends use the hosts' own addresses); both groups are started up front and take turns: for
 every size, `rounds` rounds of (p2pgen, gloo) (which one goes first alternates), each round `iters` timed
 calls after a warm-up. A round's time is the slowest rank's mean; a size's time is the median over its
 rounds, and the table adds the min..max over the rounds of each round's ratio. Interleaving at that grain
@@ -19,6 +21,10 @@ import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from p2pgen.testing.netns import EmulatedCluster
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 JOB = "bench-allreduce"
@@ -50,14 +56,25 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True) -> list[Row]:
-    """`shm=False` starts p2pgen's workers with P2PGEN_SHM=0, so that every size takes the TCP ring."""
+        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: "EmulatedCluster | None" = None) -> list[Row]:
+    """Time every size on both backends.
+
+    Args:
+        world: processes (with `hosts`: one per host, so `len(hosts.names)`).
+        shm: False starts p2pgen's workers with P2PGEN_SHM=0, so that every size takes the TCP ring.
+        hosts: an emulated cluster already created: rank i runs inside host i.
+    Raises:
+        ValueError: `world` differs from the cluster's host count.
+    """
+    if hosts is not None and world != len(hosts.names):
+        raise ValueError(f"world {world} on an emulated cluster of {len(hosts.names)} hosts: one rank per host")
+    places = [(hosts.names[r], hosts.addrs[r]) for r in range(world)] if hosts else [("", "127.0.0.1")] * world
     plan = [(s, iters or iterations(s)) for s in sizes]
-    groups = {"p2pgen": _Group(world, "p2pgen", chunk_bytes, shm)}
+    groups = {"p2pgen": _Group(places, "p2pgen", chunk_bytes, shm)}
     paths: dict[int, str] = {}
     try:
         if gloo:
-            groups["gloo"] = _Group(world, "gloo", chunk_bytes, shm)
+            groups["gloo"] = _Group(places, "gloo", chunk_bytes, shm)
         times: dict[str, list[list[float]]] = {name: [[] for _ in plan] for name in groups}
         for i, (size, n) in enumerate(plan):
             for k in range(rounds):
@@ -85,11 +102,14 @@ def busbw(world: int, size: int, seconds: float) -> float:
     return size / seconds / 1e9 * (2 * (world - 1) / world if world > 1 else 1)
 
 
-def format_table(world: int, rows: list[Row]) -> str:
-    head = (f"# all_reduce sum float32, world {world} on 127.0.0.1, {os.cpu_count()} CPUs\n"
+def format_table(world: int, rows: list[Row], where: str = "127.0.0.1", link_bits: int | None = None) -> str:
+    """The nccl-tests-style table; `where` names the place (loopback or the emulated cluster), `link_bits` (one
+    shaped rate for every link) adds each backend's busbw as a fraction of that rate."""
+    head = (f"# all_reduce sum float32, world {world} on {where}, {os.cpu_count()} CPUs\n"
             f"# {'':>24}{'p2pgen':^36}{'torch gloo':^36}\n"
             f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} " * 2
-            + f"{'busbw ratio':>11} {'per round':>11} {'p2pgen path':>11}")
+            + f"{'busbw ratio':>11} {'per round':>11} {'p2pgen path':>11}"
+            + (f" {'p2pgen/link':>11} {'gloo/link':>9}" if link_bits else ""))
     lines = [head]
     for r in rows:
         cells = [f"{r.size:>14} {r.count:>10} ", _cells(world, r.size, r.p2pgen_s)]
@@ -97,10 +117,18 @@ def format_table(world: int, rows: list[Row]) -> str:
         cells.append(f"{r.gloo_s / r.p2pgen_s:>11.2f}" if r.gloo_s else f"{'-':>11}")
         spread = f"{r.ratio_min:.2f}..{r.ratio_max:.2f}" if r.ratio_min is not None else "-"
         cells.append(f" {spread:>11} {r.path:>11}")
+        if link_bits:
+            cells.append(f" {_of_link(world, r.size, r.p2pgen_s, link_bits):>11} "
+                         f"{_of_link(world, r.size, r.gloo_s, link_bits):>9}")
         lines.append("".join(cells))
     lines.append("# p2pgen path: shm = shared memory (every rank on this host), ring = the TCP ring (other hosts, "
                  "or P2PGEN_SHM=0; `--no-shm` measures it)")
     return "\n".join(lines)
+
+
+def _of_link(world: int, size: int, seconds: float | None, link_bits: int) -> str:
+    """busbw as a fraction of the link rate (each link of a ring carries busbw)."""
+    return "-" if seconds is None else f"{busbw(world, size, seconds) * 8e9 / link_bits:.2f}"
 
 
 def _cells(world: int, size: int, seconds: float | None) -> str:
@@ -123,14 +151,15 @@ def to_json(world: int, rows: list[Row]) -> str:
 class _Group:
     """`world` worker processes of one backend, idle between the sizes they are told to time."""
 
-    def __init__(self, world: int, backend: str, chunk_bytes: int, shm: bool) -> None:
+    def __init__(self, places: list[tuple[str, str]], backend: str, chunk_bytes: int, shm: bool) -> None:
+        """`places[rank]`: (network namespace, or "" for this one; the address the rank listens on)."""
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         store_port = _free_port() if backend == "gloo" else 0
         try:
-            for rank in range(world):
+            for rank in range(len(places)):
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_worker, args=(child, backend, rank, world, chunk_bytes, store_port, shm),
+                p = ctx.Process(target=_worker, args=(child, backend, rank, places, chunk_bytes, store_port, shm),
                                 daemon=True)
                 p.start()
                 self.pipes.append(parent)
@@ -163,7 +192,14 @@ class _Group:
                 p.join(5)
 
 
-def _worker(pipe, backend: str, rank: int, world: int, chunk_bytes: int, store_port: int, shm: bool) -> None:
+def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_bytes: int, store_port: int,
+            shm: bool) -> None:
+    netns_name, _ = places[rank]
+    if netns_name:
+        from p2pgen.testing.netns import enter
+
+        enter(netns_name)
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # c10d warns that hosts have no DNS names
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not shm:
         os.environ["P2PGEN_SHM"] = "0"
@@ -171,9 +207,9 @@ def _worker(pipe, backend: str, rank: int, world: int, chunk_bytes: int, store_p
 
     torch.set_num_threads(1)
     if backend == "p2pgen":
-        step, close, on_shm = _p2pgen_step(pipe, rank, world, chunk_bytes)
+        step, close, on_shm = _p2pgen_step(pipe, rank, places, chunk_bytes)
     else:
-        (step, close), on_shm = _gloo_step(rank, world, store_port), lambda: False
+        (step, close), on_shm = _gloo_step(rank, places, store_port), lambda: False
     try:
         while (job := pipe.recv()) is not None:
             pipe.send((_time(step, *job), on_shm()))
@@ -194,27 +230,27 @@ def _time(step, size: int, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _p2pgen_step(pipe, rank: int, world: int, chunk_bytes: int):
+def _p2pgen_step(pipe, rank: int, places: list[tuple[str, str]], chunk_bytes: int):
     from p2pgen.collectives import TcpBackend
     from p2pgen.testing.cluster import SECRET
     from p2pgen.testing.ports import open_transport
     from p2pgen.transport import Endpoint, Group, TransportConfig
 
     config = TransportConfig(chunk_bytes=chunk_bytes, max_frame_bytes=max(16 << 20, chunk_bytes))
-    transport = open_transport(JOB, SECRET, f"bench{rank}", rank + 1, config)
+    transport = open_transport(JOB, SECRET, f"bench{rank}", rank + 1, config, host=places[rank][1])
     pipe.send(transport.port)
     ports = pipe.recv()
-    members = [Endpoint(f"bench{i}", i + 1, "127.0.0.1", ports[i]) for i in range(world)]
+    members = [Endpoint(f"bench{i}", i + 1, places[i][1], ports[i]) for i in range(len(places))]
     backend = TcpBackend(transport, Group(JOB, 1, members, rank))
     return backend.all_reduce, transport.close, lambda: backend.shm_active
 
 
-def _gloo_step(rank: int, world: int, store_port: int):
+def _gloo_step(rank: int, places: list[tuple[str, str]], store_port: int):
     import torch.distributed as dist
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{store_port}", rank=rank,
-                            world_size=world)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0" if places[rank][0] else "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://{places[0][1]}:{store_port}", rank=rank,
+                            world_size=len(places))
     return dist.all_reduce, dist.destroy_process_group
 
 

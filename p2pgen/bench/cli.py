@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from p2pgen.bench.allreduce import ROUNDS
+from p2pgen.testing.netns import add_arguments as add_cluster_arguments
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -34,10 +35,21 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
     p.add_argument("--no-shm", action="store_true", help="p2pgen without shared memory (P2PGEN_SHM=0): the TCP ring "
                                                         "at every size, as between hosts")
+    add_cluster_arguments(p, "one rank of each backend")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
                                                   "(.png, .svg, .pdf; matplotlib from the sim extra)")
     p.set_defaults(func=_run_allreduce)
+
+
+def _cluster(command: str, args: argparse.Namespace):
+    """The emulated cluster of --hosts/--rate/--topology (not yet created), or None; bad options exit 2."""
+    from p2pgen.testing.netns import ClusterError, TopologyError, from_arguments
+
+    try:
+        return from_arguments(args.hosts, args.rate, args.topology)
+    except (ClusterError, TopologyError) as e:
+        raise SystemExit(f"p2pgen bench {command}: {e}") from None
 
 
 def _run_allreduce(args: argparse.Namespace) -> int:
@@ -51,11 +63,23 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     if args.world < 1 or args.rounds < 1:
         raise SystemExit("p2pgen bench allreduce: --world and --rounds must be at least 1")
     plots = _plots_module("allreduce") if args.plot else None
-    rows = allreduce.run(args.world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
-                         shm=not args.no_shm, rounds=args.rounds)
-    print(allreduce.to_json(args.world, rows) if args.json else allreduce.format_table(args.world, rows))
+    hosts = _cluster("allreduce", args)
+    world = len(hosts.names) if hosts else args.world
+    try:
+        if hosts:
+            hosts.create()
+        rows = allreduce.run(world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
+                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts)
+    finally:
+        if hosts:
+            hosts.remove()
+    if args.json:
+        print(allreduce.to_json(world, rows))
+    else:
+        link = hosts.topology.intra if hosts and hosts.topology and hosts.topology.is_uniform() else None
+        print(allreduce.format_table(world, rows, where=hosts.describe() if hosts else "127.0.0.1", link_bits=link))
     if plots is not None:
-        plots.plot_allreduce(args.world, rows, allreduce.busbw, args.plot)
+        plots.plot_allreduce(world, rows, allreduce.busbw, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -86,6 +110,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", action="append", metavar="SECTION",
                    choices=("membership", "steploop", "heal", "catchup", "overhead"),
                    help="run only this section (repeatable): membership, steploop, heal, catchup, overhead")
+    add_cluster_arguments(p, "each agent of the membership and step-loop sections (p2pgen and restart-all; at "
+                             "least 4 hosts)")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")
     p.add_argument("--out", help="also write the JSON to this file")
     p.add_argument("--plot", metavar="FILE", help="also draw the step-loop table beside restart-all and the "
@@ -107,6 +133,15 @@ def _run_recovery(args: argparse.Namespace) -> int:
     if args.peers:
         plan = dataclasses.replace(plan, peers=tuple(p for p in recovery.STEPLOOP_PEERS if p in args.peers))
     sections = tuple(s for s in recovery.SECTIONS if not args.only or s in args.only)
+    if args.hosts:
+        if args.hosts < 4:
+            raise SystemExit("p2pgen bench recovery: --hosts needs at least 4 hosts (3 members and a joiner)")
+        skipped = [s for s in sections if s not in recovery.HOST_SECTIONS]
+        if skipped:
+            print(f"p2pgen bench recovery: on emulated hosts only {', '.join(recovery.HOST_SECTIONS)} run; "
+                  f"skipped: {', '.join(skipped)}", file=sys.stderr)
+        sections = tuple(s for s in sections if s in recovery.HOST_SECTIONS)
+        plan = dataclasses.replace(plan, hosts=_cluster("recovery", args))
     if args.plot:
         _plots_module("recovery")
     return recovery.main(plan, args.detect_timeout, sections, args.json, args.out, args.plot)

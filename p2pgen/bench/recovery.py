@@ -41,10 +41,13 @@ from p2pgen.bench.breakdown import fault_phases, format_phases, summarize_phases
 from p2pgen.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, settings_text
 from p2pgen.bench.table import aligned
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
+from p2pgen.testing.netns import EmulatedCluster
 from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead")
+HOST_SECTIONS = ("membership", "steploop")           # the sections that run in emulated hosts (--hosts)
+HOST_PEERS = ("p2pgen", "restart-all")                # the step-loop peers that do
 STEPLOOP_PEERS = ("p2pgen", "torchft", "torchrun", "restart-all")
 FAULTS = ("sigkill_app", "sigstop_app", "kill_agent")
 PEERS = ("p0", "p1", "p2")
@@ -65,6 +68,7 @@ class Plan:
     overhead_blocks: int = 6
     heal_rounds: int = 2             # rounds of one block per mode (standby, plain; ABBA) ...
     heal_kills: int = 3              # ... with this many application kills each
+    hosts: EmulatedCluster | None = None     # membership and step loop in emulated hosts (created by the caller)
 
     @classmethod
     def quick(cls) -> "Plan":
@@ -101,14 +105,16 @@ def _with_newer(peer: str, inc: int):
     return lambda s: dict(active_members(s)).get(peer, -1) > inc
 
 
-def run_membership(trials: int, detect_timeout: float, workdir: Path) -> dict[str, list[float]]:
-    """Section 1: the foundation's membership figures, with stateless `sleep` applications."""
-    cluster = Cluster(workdir, job="bench-recovery", detect=_detect_flags(detect_timeout))
+def run_membership(trials: int, detect_timeout: float, workdir: Path,
+                   hosts: EmulatedCluster | None = None) -> dict[str, list[float]]:
+    """Section 1: the foundation's membership figures, with stateless `sleep` applications (in the first four
+    emulated hosts when `hosts` is given)."""
+    cluster = Cluster(workdir, job="bench-recovery", detect=_detect_flags(detect_timeout), hosts=hosts)
     results: dict[str, list[float]] = {k: [] for k in (
         "sigkill_app_to_active_s", "app_back_as_new_incarnation_s", "sigstop_app_to_active_s",
         "leader_agent_kill_to_active_s", "agent_restart_to_member_s", "join_to_member_s")}
     try:
-        addrs = [f"127.0.0.1:{p}" for p in free_control_ports(4)]
+        addrs = cluster.addresses(4)
         members, spare = addrs[:3], addrs[3]
         for i, addr in enumerate(members):
             cluster.start(f"p{i}", addr, [a for a in members if a != addr], command=APP,
@@ -154,8 +160,8 @@ def run_membership(trials: int, detect_timeout: float, workdir: Path) -> dict[st
     return results
 
 
-def format_membership(results: dict[str, list[float]], detect_timeout: float) -> str:
-    rows = [["membership (3 agents, sleep apps, 127.0.0.1)", "n", "p50 ms", "p90 ms", "p99 ms", "max ms"]]
+def format_membership(results: dict[str, list[float]], detect_timeout: float, where: str = "127.0.0.1") -> str:
+    rows = [[f"membership (3 agents, sleep apps, {where})", "n", "p50 ms", "p90 ms", "p99 ms", "max ms"]]
     for key, values in results.items():
         if values:
             s = summarize(values)
@@ -237,14 +243,14 @@ class P2PGenDeployment:
     def __init__(self, policy: str, plan: Plan, detect_timeout: float, workdir: Path, trace_dir: Path,
                  agent_args: tuple[str, ...] = ()) -> None:
         self.policy, self.agent_args = policy, agent_args
-        self.cluster = Cluster(workdir, job="bench-steploop", detect=_detect_flags(detect_timeout))
+        self.cluster = Cluster(workdir, job="bench-steploop", detect=_detect_flags(detect_timeout), hosts=plan.hosts)
         self.command = [sys.executable, "-m", "p2pgen.bench.apps.steploop", f"--policy={policy}",
                         f"--trace-dir={trace_dir}", f"--checkpoint={workdir / 'checkpoint.npz'}",
                         f"--checkpoint-every={plan.checkpoint_every}", f"--step-delay={plan.step_delay}"]
         self.addrs: list[str] = []
 
     def start(self) -> None:
-        self.addrs = [f"127.0.0.1:{p}" for p in free_control_ports(len(PEERS))]
+        self.addrs = self.cluster.addresses(len(PEERS))
         start_steploop_cluster(self.cluster, self.policy, self.command, self.addrs, self.agent_args)
 
     def start_host(self, peer: str) -> None:
@@ -548,10 +554,14 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
         os.environ["OMP_NUM_THREADS"] = "1"     # every peer's processes inherit it: 3 applications on this machine
     if "steploop" in sections:        # said before anything is measured
         peers, results["steploop_skipped"] = available_peers(plan.peers)
+        if plan.hosts is not None:
+            results["steploop_skipped"].update({p: "runs on 127.0.0.1 only, not in emulated hosts"
+                                                for p in peers if p not in HOST_PEERS})
+            peers = tuple(p for p in peers if p in HOST_PEERS)
         for peer, why in results["steploop_skipped"].items():
             print(f"p2pgen bench recovery: step loop without {peer}: {why}", file=sys.stderr)
         plan = replace(plan, peers=peers)
-    steps = {"membership": lambda: run_membership(plan.trials, detect_timeout, workdir / "membership"),
+    steps = {"membership": lambda: run_membership(plan.trials, detect_timeout, workdir / "membership", plan.hosts),
              "steploop": lambda: run_steploop(plan, detect_timeout, workdir / "steploop"),
              "heal": lambda: run_heal_section(plan, workdir / "heal"),
              "catchup": lambda: run_catchup(plan),
@@ -588,8 +598,11 @@ def to_json(results: dict[str, Any], detect_timeout: float, plan: Plan) -> str:
 
 def format_text(results: dict[str, Any], detect_timeout: float, plan: Plan) -> str:
     parts = []
+    if plan.hosts is not None:
+        parts.append(plan.hosts.describe())
     if "membership" in results:
-        parts.append(format_membership(results["membership"], detect_timeout))
+        where = f"{len(plan.hosts.names)} emulated hosts" if plan.hosts is not None else "127.0.0.1"
+        parts.append(format_membership(results["membership"], detect_timeout, where))
     if "steploop" in results:
         parts.append(format_steploop(summarize_steploop(results["steploop"]), plan, detect_timeout,
                                      results.get("steploop_skipped")))
@@ -609,10 +622,14 @@ def main(plan: Plan, detect_timeout: float, sections: tuple[str, ...], as_json: 
          plot: str | None = None) -> int:
     progress = TermProgress(len(sections), "p2pgen bench recovery", enabled=not as_json, unit=" sections")
     try:
+        if plan.hosts is not None:
+            plan.hosts.create()
         with tempfile.TemporaryDirectory(prefix="p2pgen-bench-recovery-") as tmp:
             results = run(plan, detect_timeout, sections, Path(tmp), progress)
     finally:
         progress.close()
+        if plan.hosts is not None:
+            plan.hosts.remove()
     text = to_json(results, detect_timeout, plan)
     if out:
         Path(out).write_text(text)

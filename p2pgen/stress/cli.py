@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pgen.termprogress import TermProgress
+from p2pgen.testing.netns import add_arguments as add_cluster_arguments
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                       "they train; Raft safety checked from traces",
                        description="Start N agents on 127.0.0.1 running a training application, inject one seeded "
                                    "fault every 0.5-3 s (application kill, agent kill and replacement at the same "
-                                   "address, two agents killed together, SIGSTOP, join, graceful leave; never more "
+                                   "address, two agents killed together, SIGSTOP, join, graceful leave, a partition; "
+                                   "with --hosts also a host's link cut and a zone partition; never more "
                                    "than a minority of the voters down), then check Raft safety, recovery and "
                                    "the final digests.")
     p.add_argument("--agents", type=int, default=5, help="agents at the start (default 5)")
@@ -40,7 +42,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="seconds after the faults for the job to settle and stop at one revision (default 60)")
     p.add_argument("--kinds", metavar="KIND,...", default="",
                    help="only these fault kinds (default: all: kill_app, kill_agent, kill_two, pause, join, leave, "
-                        "partition); the draws stay the same, so a seed still replays one plan")
+                        "partition, and with --hosts host_cut, zone_partition); the draws stay the same, so a seed "
+                        "still replays one plan")
+    add_cluster_arguments(p, "each agent (with its application)")
     p.add_argument("--json", action="store_true", help="the report as JSON on stdout (action lines go to stderr)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directory (logs, traces, progress) under DIR")
     p.add_argument("app", nargs=argparse.REMAINDER,
@@ -83,10 +87,22 @@ def cmd_stress(args: argparse.Namespace) -> int:
         print(f"p2pgen stress: unknown --kinds {', '.join(sorted(set(kinds) - set(KINDS)))}; "
               f"the kinds are {', '.join(KINDS)}", file=sys.stderr)
         return 2
+    from p2pgen.testing.netns import ClusterError, TopologyError, from_arguments
+
+    if args.hosts and args.hosts < args.agents:
+        print(f"p2pgen stress: --hosts {args.hosts} is fewer than --agents {args.agents}: one host per agent",
+              file=sys.stderr)
+        return 2
+    max_agents = args.max_agents or args.agents + 2
+    try:
+        hosts = from_arguments(args.hosts, args.rate, args.topology)
+    except (ClusterError, TopologyError) as e:
+        print(f"p2pgen stress: {e}", file=sys.stderr)
+        return 2
     app = args.app[1:] if args.app[:1] == ["--"] else args.app
     config = StressConfig(agents=args.agents, duration=args.duration, seed=args.seed, command=list(app),
                           step_delay=args.step_delay, settle_timeout=args.settle_timeout,
-                          max_agents=args.max_agents, min_agents=min(3, args.agents), kinds=kinds)
+                          max_agents=max_agents, min_agents=min(3, args.agents), kinds=kinds, hosts=hosts)
     run_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="p2pgen-stress-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     out = sys.stderr if args.json else sys.stdout
@@ -120,18 +136,42 @@ def cmd_stress(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def recovery_by_kind(actions: list[dict[str, Any]]) -> list[str]:
+    """One line per fault kind: how many, and the median and max seconds to the next committed step."""
+    by_kind: dict[str, list[float | None]] = {}
+    for a in actions:
+        if a["kind"] != "none":
+            by_kind.setdefault(a["kind"], []).append(a.get("recovery_s"))
+    lines = []
+    for kind, values in sorted(by_kind.items()):
+        seen = [x for x in values if x is not None]
+        figures = f"median {statistics.median(seen):.2f} s, max {max(seen):.2f} s" if seen else "no committed step"
+        lines.append(f"  {kind:<15} {len(values):>3}  {figures}" + (f", {len(values) - len(seen)} never"
+                                                                      if len(seen) < len(values) else ""))
+    return lines
+
+
 def render(report: Any, args: argparse.Namespace) -> str:
     v = report.verdict
     kinds = Counter(a["kind"] for a in report.actions)
     latencies = [a["recovery_s"] for a in report.actions if a.get("recovery_s") is not None]
-    lines = [f"\np2pgen stress: {args.agents} agents, {args.duration:.0f} s of faults, seed {args.seed}: "
+    where = f" on {args.hosts} emulated hosts" + (f" ({args.rate} links)" if args.rate else "") if args.hosts else ""
+    lines = [f"\np2pgen stress: {args.agents} agents{where}, {args.duration:.0f} s of faults, seed {args.seed}: "
              f"{'PASS' if report.passed else 'FAIL'}",
              f"actions: {len(report.actions)} (" + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ")"]
     if latencies:
         lines.append(f"first committed step after each fault: median {statistics.median(latencies):.2f} s, "
                      f"max {max(latencies):.2f} s, {sum(x is None for x in v.recovery)} never")
+        lines += recovery_by_kind(report.actions)
     lines.append(f"longest stretch without a committed step while a majority of the voters was up: "
                  f"{v.max_stall_s:.2f} s")
+    cuts = sum(kinds[k] for k in ("partition", "host_cut", "zone_partition"))
+    if cuts:
+        from p2pgen.faults import IN_FLIGHT_S
+
+        found = sum(f.startswith("minority ") for f in report.failures)
+        lines.append(f"progress on a cut-off side ({cuts} cut(s); a commit or a Raft leader there later than "
+                     f"{IN_FLIGHT_S} s after the cut): {found or 'none'}")
     lines.append(report.checker.render())
     lines.append("regressions: " + ("none" if not v.regressions else ""))
     lines += [f"  generation {r['generation']} activated at revision {r['revision']} after revision "

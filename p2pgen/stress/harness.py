@@ -9,6 +9,11 @@ the harness asks every application to stop at one revision ahead of all of them)
 Partitions go through `p2pgen.faults`: every agent (and its application) watches RUN_DIR/faults.json; the
 minority's slots are `cut` until the heal, and the verdict adds `faults.minority_violations` (a minority that
 committed a step or elected a leader while cut off fails the run).
+With an emulated cluster (`StressConfig.hosts`: `p2pgen stress --hosts N`) every agent runs in its own host, at
+the same port on every host; a joiner takes a host nobody ran on yet, else the host of a peer that left and whose
+agent has exited (a new machine given a departed one's address); host cuts and zone partitions go through the hosts' own
+tools (`p2pgen.testing.netns`), and their cut side is judged like a partition's minority. The cluster is made when
+the run starts and removed, with every namespace and link, when it ends.
 Invariant kept: every process it starts is stopped by pid (the process group of each agent) before
 `run` returns, whatever happened; a pid reported by an agent is signalled only while it is that
 agent's child.
@@ -33,6 +38,7 @@ from p2pgen.stress import plan, verdict
 from p2pgen.stress.progress import ENV as PROGRESS_ENV
 from p2pgen.stress.progress import CommitLog, write_stop
 from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
+from p2pgen.testing.netns import EmulatedCluster
 
 FAULTS_BEGIN = "training started: faults begin"      # said when the fault phase starts (the CLI times it)
 FAULTS_END = "faults end; waiting for the job to settle"
@@ -59,6 +65,7 @@ class StressConfig:
     max_agents: int | None = None        # default agents + 2
     min_agents: int = 3
     kinds: tuple[str, ...] = ()          # only these fault kinds (empty: all of plan.KINDS)
+    hosts: EmulatedCluster | None = None  # one emulated host per agent (not yet created: the run makes it)
 
 
 @dataclass
@@ -107,17 +114,20 @@ class Harness:
         self.rng = random.Random(f"p2pgen-stress/{config.seed}")
         for sub in ("traces", "progress"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=())
+        self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=(), hosts=config.hosts)
         self.rules = run_dir / "faults.json"
         faults.heal(self.rules)
-        self.partition: tuple[faults.Window, float] | None = None   # the open partition, and when to heal it
+        self.partition: tuple[faults.Window, float] | None = None   # the open network fault, and when to heal it
+        self._undo: Callable[[], None] = lambda: None                 # how to heal it
+        self.hosts = config.hosts
+        self._released: set[str] = set()                              # left peers whose host was freed
         self.windows: list[faults.Window] = []
         self.env = {"P2PGEN_TRACE_DIR": str(run_dir / "traces"), PROGRESS_ENV: str(run_dir / "progress"),
                     faults.ENV: str(self.rules),
                     "P2PGEN_STEPS": str(10 ** 9), "P2PGEN_STEP_DELAY": str(config.step_delay)}
         self.commits = CommitLog(run_dir / "progress")
         self.slots: dict[str, Slot] = {}
-        self.free = [f"127.0.0.1:{p}" for p in free_control_ports(config.agents + SPARE_ADDRESSES)]
+        self.free = [] if self.hosts else [f"127.0.0.1:{p}" for p in free_control_ports(config.agents + SPARE_ADDRESSES)]
         self.voters: list[tuple[str, str]] | None = None     # (node, agent addr); None: nothing observed yet
         self.history: dict[tuple, dict[str, Any]] = {}       # (generation, raft index, time) -> history entry
         self._history_turn = 0
@@ -137,6 +147,10 @@ class Harness:
     def run(self) -> Report:
         settled, window = False, (self.t0, self.t0)
         try:
+            if self.hosts is not None:
+                self.hosts.create()
+                self.free = self.cluster.addresses(len(self.hosts.names))
+                self.say(self.hosts.describe())
             self._start_job()
             first = self._wait_first_commit()
             if first is not None:
@@ -147,6 +161,8 @@ class Harness:
             self._heal()
             self._record_majority()
             self.cluster.stop_all()
+            if self.hosts is not None:
+                self.hosts.remove()
         return self._report(settled, window)
 
     def _start_job(self) -> None:
@@ -194,6 +210,9 @@ class Harness:
                 slot.state, slot.cont_at = "up", None
             elif slot.state == "down" and slot.replace_at is not None and now >= slot.replace_at:
                 self._replace(slot)
+            elif slot.state == "left" and self.hosts and not slot.proc.alive() and slot.peer not in self._released:
+                self._released.add(slot.peer)
+                self.free.append(slot.addr)                 # its host may take a joiner now
             elif slot.state == "up" and not slot.proc.alive() and self._stop_written_at is None:
                 self._problem(f"agent {slot.peer} exited by itself (code {slot.proc.proc.returncode}); "
                               "replaced 1 s later")
@@ -257,7 +276,7 @@ class Harness:
                        for s in self.slots.values() if s.state != "left")
         max_agents = self.config.max_agents or self.config.agents + 2
         return plan.World(agents, total, down, max_agents, self.config.min_agents, can_join=bool(self.free),
-                          can_partition=self.partition is None)
+                          can_partition=self.partition is None, hosts=self.hosts is not None)
 
     def _poll_history(self) -> None:
         """The certificate history of one running agent, a different one each time (lineages that split
@@ -306,6 +325,8 @@ class Harness:
             self._start_agent(action.targets[0], self.free.pop(0), live)
         elif action.kind == "partition":
             self._partition(action)
+        elif action.kind in plan.HOST_KINDS:
+            self._host_fault(action)
         elif action.kind == "leave":
             slot = self.slots[action.targets[0]]
             slot.proc.signal(signal.SIGTERM)
@@ -318,23 +339,38 @@ class Harness:
         others = sorted({s.addr for s in self.slots.values()} | set(self.free)) # joiners land on the majority side
         faults.write_partition(self.rules, [sorted(cut), [a for a in others if a not in cut]],
                                one_way=action.scope == "one_way")
+        self._cut_off(minority, action, lambda: faults.heal(self.rules))
+
+    def _host_fault(self, action: plan.Action) -> None:
+        """A host cut (its link down) or a zone partition (routes between two groups of hosts black-holed)."""
+        assert self.hosts is not None
+        cut = [self.slots[p] for p in action.targets]
+        hosts = [self.hosts.host_of(s.addr) for s in cut]
+        if action.kind == "host_cut":
+            self.hosts.cut(hosts[0])
+            self._cut_off(cut, action, lambda: self.hosts.heal(hosts[0]))
+        else:
+            self.hosts.partition(hosts)           # from every other host, joiners' spare hosts included
+            self._cut_off(cut, action, self.hosts.heal_partition)
+
+    def _cut_off(self, minority: list[Slot], action: plan.Action, undo: Callable[[], None]) -> None:
         for slot in minority:
             slot.state = "cut"
-        window = faults.Window(time.time(), float("inf"), frozenset(cut), frozenset(action.targets),
-                               action.scope == "one_way")
-        self.partition = (window, time.monotonic() + action.seconds)
+        window = faults.Window(time.time(), float("inf"), frozenset(s.addr for s in minority),
+                               frozenset(action.targets), action.scope == "one_way")
+        self.partition, self._undo = (window, time.monotonic() + action.seconds), undo
 
     def _heal(self) -> None:
         if self.partition is None:
             return
-        faults.heal(self.rules)
+        self._undo()
         window, _ = self.partition
         self.partition = None
         self.windows.append(faults.Window(window.cut, time.time(), window.agents, window.peers, window.one_way))
         for slot in self.slots.values():
             if slot.state == "cut":
                 slot.state = "up"
-        self.say(f"healed the partition of {', '.join(sorted(window.peers))} after "
+        self.say(f"healed the network of {', '.join(sorted(window.peers))} after "
                  f"{self.windows[-1].healed - window.cut:.1f} s")
 
     def _kill_app(self, slot: Slot) -> None:

@@ -18,6 +18,11 @@ Actions (weights in KINDS):
 - `partition`:  cut a minority of the agents (1 up to the most the minority rule allows) off the others, through
   `p2pgen.faults` (scope `both`: symmetric; `one_way`: only what the minority sends is dropped), healed
   HEAL_S later; one partition at a time, and its minority counts as down until the heal.
+Only when every agent runs in its own emulated host (`World.hosts`; `p2pgen stress --hosts N`):
+- `host_cut`:   one host's link goes down (its own `ip link set eth0 down`) for HOST_CUT_S, then up;
+- `zone_partition`: the largest minority the rule allows (at least two hosts) loses its routes to the other
+  hosts, both ways, for HEAL_S; inside each side traffic flows.
+One network fault (partition, host cut or zone partition) at a time; its cut agents count as down until it heals.
 Minority rule (`quorum_safe`): an action that takes agents down (kill_agent, kill_two, pause, leave, partition)
 is possible only if, counting the voters already down, at most a minority of the voters is down after
 it: down <= (voters - 1) // 2. Down means killed and not yet removed from the voters, stopped, or
@@ -32,14 +37,16 @@ from dataclasses import dataclass, field
 from p2pgen.core.voters import majority_up
 
 KINDS: dict[str, int] = {"kill_app": 3, "kill_agent": 2, "kill_two": 1, "pause": 2, "join": 1, "leave": 1,
-                         "partition": 2}
+                         "partition": 2, "host_cut": 2, "zone_partition": 1}
+HOST_KINDS = ("host_cut", "zone_partition")      # possible only on emulated hosts
 DELAY_S = (0.5, 3.0)                 # between two actions
 PAUSE_S = (0.3, 3.0)
 KILL_TWO_GAP_S = (0.0, 0.3)
 REPLACE_AFTER_S = 1.0
 REPLACE_TWO_AFTER_S = (1.0, 4.0)
 HEAL_S = (1.0, 10.0)
-TAKES_DOWN = ("kill_agent", "kill_two", "pause", "leave", "partition")
+HOST_CUT_S = (0.5, 4.0)
+TAKES_DOWN = ("kill_agent", "kill_two", "pause", "leave", "partition", *HOST_KINDS)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,8 @@ class World:
     max_agents: int
     min_agents: int
     can_join: bool = True            # a fresh address is available
-    can_partition: bool = True       # no partition is in place
+    can_partition: bool = True       # no network fault is in place
+    hosts: bool = False              # every agent runs in its own emulated host: host faults are possible
 
     @property
     def up(self) -> list[Agent]:
@@ -71,7 +79,8 @@ class World:
 class Action:
     kind: str
     targets: tuple[str, ...] = ()
-    seconds: float = 0.0             # pause: how long; kill_two: gap between the kills; partition: until the heal
+    seconds: float = 0.0             # pause: how long; kill_two: gap between the kills; partition, host_cut,
+                                     # zone_partition: until the heal
     replace_after: tuple[float, ...] = ()
     scope: str = ""                  # pause: "agent" or "host"; partition: "both" or "one_way"
     skipped: str = ""                # why nothing was done (no action possible)
@@ -95,6 +104,10 @@ class Action:
         if self.kind == "partition":
             how = "both ways" if self.scope == "both" else "one way (what they send is dropped)"
             return f"partition {who} off the others {how}; healed in {self.seconds:.1f} s"
+        if self.kind == "host_cut":
+            return f"the host of {who} loses its link (ip link set eth0 down); up again in {self.seconds:.1f} s"
+        if self.kind == "zone_partition":
+            return f"zone partition: the hosts of {who} lose their routes to the others; healed in {self.seconds:.1f} s"
         return f"nothing ({self.skipped})"
 
 
@@ -149,7 +162,13 @@ def choose(rng: random.Random, world: World, new_peer: str = "", kinds: tuple[st
         minority = sized[int(d.first * len(sized))]
         return Action("partition", tuple(a.peer for a in minority), seconds=d.heal,
                       scope="both" if d.scope < 0.5 else "one_way")
+    if kind == "zone_partition":
+        zone = candidates[int(d.first * len(candidates))]
+        return Action("zone_partition", tuple(a.peer for a in zone), seconds=d.heal, scope="both")
     target = candidates[int(d.first * len(candidates))][0]
+    if kind == "host_cut":
+        low, high = HOST_CUT_S
+        return Action("host_cut", (target.peer,), seconds=low + d.size * (high - low))
     if kind == "kill_agent":
         return Action("kill_agent", (target.peer,), replace_after=(REPLACE_AFTER_S,))
     if kind == "pause":
@@ -170,6 +189,9 @@ def _possible(world: World, new_peer: str) -> dict[str, list[tuple[Agent, ...]]]
         "join": [()] if new_peer and world.can_join and len(world.agents) < world.max_agents else [],
         "leave": singles if len(world.agents) > world.min_agents else [],
         "partition": _minorities(world) if world.can_partition and len(up) > 2 else [],
+        "host_cut": singles if world.hosts and world.can_partition and len(up) > 2 else [],
+        "zone_partition": [m for m in _minorities(world) if len(m) == 2]
+        if world.hosts and world.can_partition else [],
     }
     return {k: v for k, v in options.items() if v}
 

@@ -1,7 +1,8 @@
-"""Real agent processes on 127.0.0.1, for integration tests and the recovery benchmark.
+"""Real agent processes on 127.0.0.1 or in the hosts of an emulated cluster, for integration tests and benchmarks.
 
-Owns: port allocation below 32768, starting `p2pgen join` processes, and stopping every process a
-test started, by pid (never by name), including the applications the agents supervise.
+Owns: port allocation below 32768, starting `p2pgen join` processes (inside their host when the `Cluster` has
+emulated hosts: `p2pgen.testing.netns`), and stopping every process a test started, by pid (never by name),
+including the applications the agents supervise.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.client import AgentClient
 from p2pgen.agent.supervisor import die_with_parent
 
+if TYPE_CHECKING:
+    from p2pgen.testing.netns import EmulatedCluster
+
 PORT_LOW, PORT_HIGH = 20000, 32000
+HOST_PORT = 23400                # every agent's control port on an emulated host
 # restart-all (torchrun's policy) rolls back to its checkpoint, or to revision 0 before the first one, by
 # design: its agents let a generation resume below the certified revision at once
 RESTART_ALL_AGENT_ARGS = ("--regress-wait=0", "--allow-fresh-start")
@@ -105,18 +110,34 @@ class Cluster:
     # than 1 s now and then; a false suspicion there evicts a live member and turns a test's plan into churn.
     detect: tuple[str, ...] = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=2.0", "--detect-floor=0.5",
                                "--heartbeat-interval=0.1")
+    hosts: "EmulatedCluster | None" = None     # created by the caller: agent i of `addresses()` runs in host i
 
     def __post_init__(self) -> None:
         self.secret_file = self.tmp / "secret"
         self.secret_file.write_text("integration-test-secret-0123456789")
         self.secret = self.secret_file.read_bytes().strip()
 
+    def addresses(self, n: int) -> list[str]:
+        """n control addresses for agents: free ports on 127.0.0.1, or HOST_PORT on each of the first n hosts.
+
+        Raises:
+            ValueError: more addresses than the emulated cluster has hosts.
+        """
+        if self.hosts is None:
+            return [f"127.0.0.1:{p}" for p in free_control_ports(n)]
+        if n > len(self.hosts.names):
+            raise ValueError(f"{n} agents need {n} emulated hosts; the cluster has {len(self.hosts.names)}")
+        return [self.hosts.addr(i, HOST_PORT) for i in range(n)]
+
     def start(self, peer_id: str, addr: str, peers: list[str], command: list[str] | None = None,
               extra: tuple[str, ...] = (), secret_file: Path | None = None,
               env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> AgentProc:
         """Start `p2pgen join` for `peer_id` at `addr`; `env` is added to this process's environment (the
         agent hands it on to its application); `prefix` runs it through another command that execs it
-        (`ip netns exec NS`), so the pid is still the agent's."""
+        (`ip netns exec NS`), so the pid is still the agent's; with emulated hosts, by default the host that
+        owns `addr`."""
+        if self.hosts is not None and not prefix:
+            prefix = self.hosts.prefix(self.hosts.host_of(addr))
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
         cmd = [*prefix, sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id,
                "--listen", addr, "--secret-file", str(secret_file or self.secret_file),

@@ -1,7 +1,7 @@
 """Integration: 4 agents on 4 hosts that are not 127.0.0.1 (network namespaces), partitioned with the hosts' own tools.
 
-The test makes a bridge and, for each agent, a network namespace joined to it by a veth pair, with its own address
-on a private /24; each agent listens on and advertises that address (never a loopback one) and trains
+The test makes an emulated cluster (`p2pgen.testing.netns`): for each agent a network namespace on one bridge, with
+its own address on a private /24; each agent listens on and advertises that address (never a loopback one) and trains
 `examples/train_spot.py`. Agent p3's host is then cut off with its own `ip link set eth0 down` (a host whose
 network goes away, both ways) and brought back with `ip link set eth0 up`:
 - the majority (p0-p2) activates a generation without p3 and keeps committing steps;
@@ -9,16 +9,13 @@ network goes away, both ways) and brought back with `ip link set eth0 up`:
 - after the heal p3's application comes back as a new incarnation and pulls; every member ends with one digest;
 - the Raft trace checker finds no violation.
 Skipped, with the reason, where network namespaces cannot be made (not root, no `ip`, a container without
-CAP_NET_ADMIN). Namespaces and the bridge are always removed in `finally`.
+CAP_NET_ADMIN). The cluster is always removed in `finally`.
 """
 
 from __future__ import annotations
 
 import glob
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from p2pgen.raft import checker
+from p2pgen.testing import netns
 from p2pgen.testing.agents import active, active_members
 from tests.integration.test_state_survives import committed
 
@@ -34,67 +32,10 @@ pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 APP = [sys.executable, str(Path(__file__).parents[2] / "examples" / "train_spot.py")]
 STEPS = 1500
 PORT = 23400
-TAG = f"{os.getpid() % 10000}"
-SUBNET = f"10.213.{os.getpid() % 250}"
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
-
-
-def netns_unavailable() -> str | None:
-    """Why namespaces cannot be used here, or None."""
-    if shutil.which("ip") is None:
-        return "the `ip` tool (iproute2) is not installed"
-    probe = f"p2pprobe{TAG}"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"`ip netns add` is not permitted here: {made.stderr.strip() or made.returncode}"
-    _ip("netns", "del", probe, check=False)
-    bridge = f"p2pprb{TAG}"
-    made = _ip("link", "add", bridge, "type", "bridge", check=False)
-    if made.returncode != 0:
-        return f"cannot create a bridge: {made.stderr.strip()}"
-    _ip("link", "del", bridge, check=False)
-    return None
-
-
-class Hosts:
-    """A bridge `p2pbr<tag>` with address .254 (the test's own view) and namespaces p2p<tag>-<i> at .<i+1>."""
-
-    def __init__(self, n: int) -> None:
-        self.bridge = f"p2pbr{TAG}"
-        self.names = [f"p2p{TAG}-{i}" for i in range(n)]
-        self.addrs = [f"{SUBNET}.{i + 1}" for i in range(n)]
-
-    def create(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{SUBNET}.254/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
-        for i, (ns, addr) in enumerate(zip(self.names, self.addrs)):
-            _ip("netns", "add", ns)
-            host_end = f"p2pv{TAG}x{i}"
-            _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", host_end, "master", self.bridge, "up")
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-
-    def exec_prefix(self, i: int) -> tuple[str, ...]:
-        return ("ip", "netns", "exec", self.names[i])
-
-    def link(self, i: int, state: str) -> None:
-        """`ip link set eth0 up|down` run inside host i: its own tool cuts or restores its network."""
-        subprocess.run([*self.exec_prefix(i), "ip", "link", "set", "eth0", state], check=True, timeout=20)
-
-    def remove(self) -> None:
-        for ns in self.names:
-            _ip("netns", "del", ns, check=False)          # takes its end of the veth pair with it
-        _ip("link", "del", self.bridge, check=False)
 
 
 def test_four_agents_in_four_network_namespaces_train_and_survive_a_host_cut_off(cluster, tmp_path, monkeypatch):
-    why = netns_unavailable()
+    why = netns.unavailable()
     if why:
         pytest.skip(f"network namespaces unavailable: {why}")
     dirs = {n: tmp_path / n for n in ("summaries", "traces")}
@@ -103,14 +44,14 @@ def test_four_agents_in_four_network_namespaces_train_and_survive_a_host_cut_off
     for key, value in (("P2PGEN_STEPS", STEPS), ("P2PGEN_STEP_DELAY", "0.02"),
                        ("P2PGEN_SUMMARY_DIR", dirs["summaries"]), ("P2PGEN_TRACE_DIR", dirs["traces"])):
         monkeypatch.setenv(key, str(value))
-    hosts = Hosts(4)
+    hosts = netns.EmulatedCluster(4)
     try:
         hosts.create()
         addrs = [f"{a}:{PORT}" for a in hosts.addrs]
         peers = [f"p{i}" for i in range(4)]
         for i, (peer, addr) in enumerate(zip(peers, addrs)):
             cluster.start(peer, addr, [a for a in addrs if a != addr], command=APP,
-                          extra=("--min-members=4", "--attach-grace=60"), prefix=hosts.exec_prefix(i))
+                          extra=("--min-members=4", "--attach-grace=60"), prefix=hosts.prefix(i))
         show = cluster.wait(addrs[0], lambda s: len(active_members(s)) == 4 and len(s["raft"]["voters"]) >= 3, 120)
         voters = {v["agent"] for v in show["raft"]["voters"]}             # an odd number: 3 of the 4
         assert voters <= set(addrs) and all(n.split(":")[0] in hosts.addrs for n in show["raft"]["nodes"]), show
@@ -121,7 +62,7 @@ def test_four_agents_in_four_network_namespaces_train_and_survive_a_host_cut_off
         cluster.wait_until(lambda: committed(dirs["traces"]) >= 20, 120, "20 steps committed")
 
         before = active(show)["generation"]
-        hosts.link(3, "down")                                                # p3's host loses its network
+        hosts.cut(3)                                                # p3's host loses its network
         cut_at = time.monotonic()
         show = cluster.wait(addrs[0], lambda s: active(s) is not None and active(s)["generation"] > before
                             and {p for p, _ in active_members(s)} == set(peers[:3]), 60)
@@ -130,7 +71,7 @@ def test_four_agents_in_four_network_namespaces_train_and_survive_a_host_cut_off
         cluster.wait_until(lambda: committed(dirs["traces"]) >= at_activation + 20, 60, "the majority committing")
         last_cut = active(cluster.wait(addrs[0], lambda s: active(s) is not None))["generation"]
 
-        hosts.link(3, "up")
+        hosts.heal(3)
         healed_at = time.monotonic()
         back = cluster.wait(addrs[0], lambda s: {p for p, _ in active_members(s)} == set(peers), 120)
         heal_to_active = time.monotonic() - healed_at

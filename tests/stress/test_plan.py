@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -54,11 +55,25 @@ def test_timings_stay_in_their_ranges():
     assert gaps and 0.0 <= min(gaps) and max(gaps) <= 0.3
     assert all(a.replace_after == (plan.REPLACE_AFTER_S,) for a in acts if a.kind == "kill_agent")
     assert {a.scope for a in acts if a.kind == "pause"} == {"agent", "host"}
+    on_hosts = actions(3, replace(world(), hosts=True), 2000)
+    cuts = [a.seconds for a in on_hosts if a.kind == "host_cut"]
+    zones = [a for a in on_hosts if a.kind == "zone_partition"]
+    assert cuts and 0.5 <= min(cuts) and max(cuts) <= 4.0
+    assert zones and all(len(a.targets) == 2 and 1.0 <= a.seconds <= 10.0 for a in zones)   # 2 of 5 hosts
+
+
+def test_host_faults_keep_the_minority_rule_and_one_network_fault_at_a_time():
+    assert not {a.kind for a in actions(4, replace(world(), hosts=True, can_partition=False), 400)} & {
+        "host_cut", "zone_partition", "partition"}
+    three = replace(world(up=3, voters=3), hosts=True)      # a zone of two would take a majority down
+    assert "zone_partition" not in {a.kind for a in actions(5, three, 400)}
 
 
 def test_every_kind_is_chosen_on_a_world_that_allows_them_all():
     kinds = Counter(a.kind for a in actions(4, world(up=5, non_voters=1), 600))
-    assert set(kinds) == set(plan.KINDS)
+    assert set(kinds) == set(plan.KINDS) - set(plan.HOST_KINDS)          # host faults need emulated hosts
+    on_hosts = Counter(a.kind for a in actions(4, replace(world(up=5, non_voters=1), hosts=True), 900))
+    assert set(on_hosts) == set(plan.KINDS)
     assert kinds["kill_app"] > kinds["kill_two"]             # weights: 3 vs 1
 
 
