@@ -214,3 +214,14 @@ def _hierarchy(order: tuple[Member, ...], groups: tuple[tuple[str, tuple[str, ..
 
 def _mbps(r: float) -> str:
     return "one host" if math.isinf(r) else f"{r:.6g} Mbit/s"
+
+
+def unmeasured(members: Sequence[Member], links: Links, source: str) -> tuple[tuple[str, str], ...]:
+    """The other hosts of `members` with no rate measured from `source` yet, each with the agent address to probe
+    (its first member's, by peer id), sorted by host: what an agent on host `source` measures next."""
+    targets: dict[str, str] = {}
+    for m in sorted(members, key=lambda m: m.peer_id):
+        agent = m.addr("agent")
+        if m.host and m.host != source and agent and (source, m.host) not in links:
+            targets.setdefault(m.host, agent)
+    return tuple(sorted(targets.items()))
