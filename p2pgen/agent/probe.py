@@ -1,6 +1,6 @@
 """Link probes: how fast this agent's host reaches the other hosts of the job, measured briefly and reported.
 
-Owns: `measure` (Mbit/s to one agent: the best of a few `probe` requests of a few MiB over the authenticated
+Owns: `measure` (Mbit/s to one agent: the fastest of a few `probe` requests of 1-8 MiB over the authenticated
 control connection, which runs between the hosts' own addresses, the data plane's too) and `LinkProber`, the
 agent's thread that, whenever a generation is active, measures every host of it this host has no rate to yet
 (core.topology.unmeasured) and submits the rates as one `Links` command, so that every agent holds the same
@@ -26,8 +26,10 @@ from p2pgen.errors import P2PGenError
 
 log = logging.getLogger(__name__)
 
-PROBE_BYTES = 2 << 20          # one request's payload; the default probe sends ROUNDS of them after a warm-up
-ROUNDS = 3
+PROBE_BYTES = 1 << 20          # a request's first payload; doubled while one takes under MIN_ROUND_S
+MAX_PROBE_BYTES = 8 << 20      # ... up to this (the control RPC's frames stop at 16 MiB)
+MIN_ROUND_S = 0.02             # a shorter request says more about the hosts' CPUs than about the link
+ROUNDS = 5                     # the fastest of these counts: contention only ever slows a request down
 TIMEOUT_S = 5.0                # per host, the whole probe
 RETRY_S = 60.0                 # a host whose probe failed is left alone this long
 TICK_S = 1.0
@@ -35,24 +37,28 @@ TICK_S = 1.0
 
 def measure(addr: str, secret: bytes | None, job: str, nbytes: int = PROBE_BYTES, rounds: int = ROUNDS,
             timeout: float = TIMEOUT_S) -> float:
-    """Mbit/s from here to the agent at `addr`: the fastest of `rounds` `probe` requests carrying `nbytes`
-    each, after one warm-up of nbytes/8 (each timed from sending to the agent's answer).
+    """Mbit/s from here to the agent at `addr`: the fastest of `rounds` `probe` requests (each timed from sending
+    to the agent's answer), after a warm-up request that doubles the payload from `nbytes` while one takes under
+    MIN_ROUND_S, up to MAX_PROBE_BYTES (so a fast link is timed over a long enough transfer too).
 
     Args:
         addr: the other agent's control address, HOST:PORT.
         secret: the job secret (None: the insecure default one).
         job: the job name the agent must serve.
     Raises:
-        OSError, P2PGenError: it could not be reached or answered wrongly; TimeoutError past `timeout`.
+        OSError, P2PGenError: it could not be reached or answered wrongly; TimeoutError past `timeout`;
+        ValueError: nbytes or rounds below 1.
     """
     if nbytes < 1 or rounds < 1:
         raise ValueError(f"a probe needs nbytes >= 1 and rounds >= 1, got {nbytes} and {rounds}")
     deadline = time.monotonic() + timeout
-    payload = bytes(nbytes)
     with RpcClient(addr, secret, timeout=timeout, expect_job=job) as client:
-        _probe(client, payload[:max(1, nbytes // 8)], deadline)
+        size = min(nbytes, MAX_PROBE_BYTES)
+        while _probe(client, bytes(size), deadline) < MIN_ROUND_S and size < MAX_PROBE_BYTES:
+            size = min(2 * size, MAX_PROBE_BYTES)
+        payload = bytes(size)
         best = min(_probe(client, payload, deadline) for _ in range(rounds))
-    return nbytes * 8 / best / 1e6
+    return size * 8 / best / 1e6
 
 
 def _probe(client: RpcClient, payload: bytes, deadline: float) -> float:

@@ -8,7 +8,8 @@ exactly once and in order (I5). `reference(steps)` computes it in one process.
 
 Faults (env EXACT_FAULTS="peer:point:revision,..." with point in {mid_step, after_allreduce}) make this
 process SIGKILL itself once (a marker file in EXACT_MARKERS records that it fired). EXACT_JOIN_DELAY=
-"peer:incarnation:seconds,..." makes that incarnation wait before it joins (a slow restart).
+"peer:incarnation:seconds,..." makes that incarnation wait before it joins (a slow restart). EXACT_SIZE sets the
+vector's length (default 64; every process of a run and its reference must see the same one).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 
 import p2pgen
 
-SIZE, BATCH, MOD = 64, 24, 2 ** 31
+SIZE = int(os.environ.get("EXACT_SIZE", 64))    # elements of `w` (and of every step's all_reduce)
+BATCH, MOD = 24, 2 ** 31
 
 
 def contribution(revision: int, lo: int, hi: int) -> np.ndarray:
