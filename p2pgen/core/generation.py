@@ -1,12 +1,15 @@
 """The generation state machine: commands in, new state and effects out. No I/O, no clock, no threads.
 
 Owns: the replicated state of one job (DESIGN, "The generation protocol"): members with
-incarnations, the active certificate, the pending proposal, tombstones, the last incarnation seen per
-peer, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
+incarnations (and zones), the active certificate, the pending proposal, tombstones, the last incarnation seen
+per peer, the link rates the agents measured, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
 holds the same state (I1).
 
 Invariants kept (checked by tests/core after every step):
-- I1: one member set and rank map per generation number; a number is never reused.
+- I1: one member set and rank map per generation number; a number is never reused. The rank map is
+  core.topology.ring_order of the members in join order and the measured links (the join order while nothing
+  is known to be slow); a `Links` report after which the active members would be ordered or grouped otherwise
+  proposes the same members again, under the next number.
 - I2: the active generation only goes up; proposals are always above it.
 - I3: an incarnation once seen for a peer_id is never admitted again; votes of any other incarnation
   than the current member's are refused.
