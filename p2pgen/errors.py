@@ -15,6 +15,10 @@ class ProtocolError(P2PGenError):
     """A malformed, oversized or unexpected message arrived; the connection that sent it is closed."""
 
 
+class EncryptionMismatch(ProtocolError):
+    """A handshake between a member with `--encrypt` and one without: the message names the one to restart."""
+
+
 class GenerationChanged(P2PGenError):
     """The generation this operation belonged to was retired; retry the step in the new generation."""
 

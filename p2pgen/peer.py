@@ -34,6 +34,8 @@ Invariants kept:
   must exit (its agent restarts it as a new incarnation): `Evicted` (this incarnation was removed from
   the job) and `AgentLost` (the local agent died or stopped answering). An agent that answers but
   cannot take a command now (no Raft quorum, its node restarting) is waited for, never raised.
+- `encrypt=True` (`--encrypt`): every link this peer dials or accepts, data plane, state transfer and channels,
+  is sealed (`p2pgen.transport.seal`); a member with the other setting is refused at the handshake.
 - State that outlives this process (`p2pgen.state.keeper`): the local copy is restored before the first
   vote and saved after every commit and catch-up; a generation held because its frontier would regress
   is asked to fall back only once its wait is over, and a regressed activation is logged loudly.
@@ -42,6 +44,7 @@ Invariants kept:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -55,7 +58,7 @@ import numpy as np
 from p2pgen.agent.client import AgentClient
 from p2pgen.agent.rpc import RpcError, split_addr
 from p2pgen.auth import load_secret
-from p2pgen.channel import Channel, ChannelListener, ChannelReceiver
+from p2pgen.channel import Channel, ChannelConfig, ChannelListener, ChannelReceiver
 from p2pgen.collectives import Backend
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
 from p2pgen.core import Command, Fallback, Ready, Reform, Synced
@@ -66,12 +69,13 @@ from p2pgen.core.follower import (
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.state import (
-    CheckpointError, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, StateSyncError, pull_state,
+    CheckpointError, ServerConfig, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, StateSyncError,
+    pull_state,
 )
 from p2pgen.state.pull import PullConfig
 from p2pgen.state.shardpull import pull_shards
 from p2pgen.stress.progress import Progress
-from p2pgen.transport import Endpoint, Group, Transport
+from p2pgen.transport import Endpoint, Group, Transport, TransportConfig, seal
 
 log = logging.getLogger(__name__)
 
@@ -228,14 +232,19 @@ class Peer:
                  reform_after: float = REFORM_AFTER_S, backend: str = "tcp", channel_addr: str | None = None,
                  channel_dir: str | None = None, keep: StateKeeperConfig | None = None,
                  policy: FollowerPolicy = CERTIFIED, observer: "PeerObserver | None" = None,
-                 shard_pull_config: PullConfig = PullConfig()) -> None:
+                 shard_pull_config: PullConfig = PullConfig(), encrypt: bool = False) -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
         self.backend_kind = check_kind(backend)
+        if encrypt and self.backend_kind != "tcp":
+            raise P2PGenError(f"--encrypt seals the tcp backend's links, but this peer runs backend "
+                              f"{backend!r}, whose tensors cross the network unencrypted: use P2PGEN_BACKEND=tcp "
+                              "with --encrypt, or run without --encrypt on a network you trust")
+        self.encrypt = encrypt
         self.identity = (peer_id, incarnation)
         self.keeper = StateKeeper(keep, state, job, self.identity) if keep is not None and keep.enabled else None
         self.lineage = 0                 # the generation this process's state belongs to (see core: lineage)
         self.secret = secret
-        self.shard_pull_config = shard_pull_config
+        self.shard_pull_config = dataclasses.replace(shard_pull_config, encrypt=encrypt)
         self.trace = Trace(trace_path, self.identity)
         self.follower = Follower(self.identity, time.monotonic(), policy, reform_after)
         self.observer = observer or PeerObserver()
@@ -243,16 +252,18 @@ class Peer:
         if self.agent.attach(incarnation).get("agent_voted", False):
             self.follower.owe_reform("attached after the agent voted on its behalf")
         host, port = split_addr(data_addr)
-        self.transport = Transport(job, secret, peer_id, incarnation, host=host, port=port)
+        self.transport = Transport(job, secret, peer_id, incarnation, host=host, port=port,
+                                   config=TransportConfig(encrypt=encrypt))
         shost, sport = split_addr(state_addr)
         self.state_server = StateServer(state, job=job, secret=secret, me=self.identity, authorize=self._authorize,
-                                        host=shost, port=sport)
+                                        host=shost, port=sport, config=ServerConfig(encrypt=encrypt))
         self._serving = contextlib.ExitStack()      # open while quiesced between generations
         self._channels: dict[str, Channel] = {}
         self._listener: ChannelListener | None = None
         if channel_addr and channel_dir:
             chost, cport = split_addr(channel_addr)
-            self._listener = ChannelListener(job, secret, self.identity, channel_dir, host=chost, port=cport)
+            self._listener = ChannelListener(job, secret, self.identity, channel_dir, host=chost, port=cport,
+                                             config=ChannelConfig(encrypt=encrypt))
         self.backend: Backend | None = None
         self.current_step: Step | None = None      # the step last yielded by steps() (read by p2pgen.torch)
         self.certificate: ActiveGeneration | None = None   # the certificate of the generation this member runs
@@ -260,6 +271,7 @@ class Peer:
         self.view = JobView.from_json(self.agent.show())    # the job as the local agent last showed it
         self._view_lock = threading.Condition()
         self._closed = threading.Event()
+        self._drained = threading.Event()     # the agent drains (SIGTERM, a spot notice): stop at a step boundary
         self._lost: str | None = None             # why the local agent counts as lost (set by the watcher)
         self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
         self._watcher.start()
@@ -272,7 +284,9 @@ class Peer:
 
     def steps(self) -> Iterator[Step]:
         """Steps of the current generation, forever; crosses generation changes transparently.
-        Ends when `close()` was called; raises `Evicted` or `AgentLost` (see the module docstring)."""
+        Ends when `close()` was called, or at the next step boundary once the agent drains (it was sent SIGTERM
+        or read a spot notice: the process should then finish and exit, and the job goes on without it);
+        raises `Evicted` or `AgentLost` (see the module docstring)."""
         while not isinstance(self._next_action(), Stop):
             assert self.backend is not None
             step = Step(self, self.backend)
@@ -316,7 +330,8 @@ class Peer:
         counts as delivered only once the receiver consumed it (its consumption log, I6)."""
         if peer_id not in self._channels:
             self._channels[peer_id] = Channel(self.job, self.secret, self.identity, self._channel_endpoint(peer_id),
-                                              mode=mode, generation=self.generation or 0)
+                                              mode=mode, generation=self.generation or 0,
+                                              config=ChannelConfig(encrypt=self.encrypt))
         return self._channels[peer_id]
 
     def inbox(self, sender: str) -> ChannelReceiver:
@@ -392,7 +407,8 @@ class Peer:
         return Local(now=time.time(), clock=time.monotonic(),
                      running=backend.generation if backend is not None else None,
                      failed=backend is not None and backend.failed is not None, switch_to=self._switch_to,
-                     closed=self._closed.is_set(), at_stop=self.state.revision >= self.progress.stop_revision())
+                     closed=self._closed.is_set(),
+                     at_stop=self._drained.is_set() or self.state.revision >= self.progress.stop_revision())
 
     def _perform(self, action: Action, view: JobView) -> bool | None:
         """Do `action` and report it to the follower; True done, False refused by the job, None not possible now."""
@@ -492,7 +508,8 @@ class Peer:
         try:
             report = pull_state(self.state, job=self.job, secret=self.secret, me=self.identity, generation=generation,
                                 frontier=pending.frontier,
-                                sources=list(self._sources(view, action.pull.sources).values()))
+                                sources=list(self._sources(view, action.pull.sources).values()),
+                                config=PullConfig(encrypt=self.encrypt))
         except P2PGenError as e:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self.trace.record("pull_failed", generation=generation, reason=str(e))
@@ -650,8 +667,12 @@ class Peer:
         failures = 0
         while not self._closed.is_set():
             try:
-                view = JobView.from_json(client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self.view.index,
-                                                      leader=self.view.leader, timeout=WATCH_POLL_S))
+                shown = client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self.view.index,
+                                     leader=self.view.leader, timeout=WATCH_POLL_S,
+                                     stop_at_boundary=self._drained.is_set())
+                view = JobView.from_json(shown)
+                if ((shown.get("agent") or {}).get("draining") or {}).get("stop_at_boundary"):
+                    self._drained.set()
                 failures = 0
             except RpcError as e:            # it answered without a view (its Raft node restarting): wait for it
                 log.info("agent at %s has no view now: %s", agent_addr, e)
@@ -715,7 +736,8 @@ def current_peer() -> Peer | None:
 def join(job: str | None = None, state: SharedState | None = None, *, trace: str | None = None) -> Peer:
     """Join the job this process was started for by `p2pgen join ... -- COMMAND` (reads its environment).
 
-    The backend is `$P2PGEN_BACKEND` (`tcp`, the default, or `nccl`; the same on every member).
+    The backend is `$P2PGEN_BACKEND` (`tcp`, the default, or `nccl`; the same on every member). `$P2PGEN_ENCRYPT=1`
+    (the agent's `--encrypt`) seals every data-plane, state-transfer and channel link (tcp backend only).
     `trace`: a JSON-lines file recording every ready (with `sent`, when the vote left)/pull/synced/active/connected/
     collective/commit of this peer
     (default: `$P2PGEN_TRACE_DIR/<peer>-<incarnation>.jsonl` when that variable is set).
@@ -736,6 +758,10 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     job = job or env.get("P2PGEN_JOB", "demo")
     if env.get("P2PGEN_JOB") and env["P2PGEN_JOB"] != job:
         raise P2PGenError(f"this process was started for job {env['P2PGEN_JOB']!r}, not {job!r}")
+    encrypt = _encrypt_from_env(env)
+    if encrypt and not env.get("P2PGEN_SECRET_FILE"):
+        raise P2PGenError("$P2PGEN_ENCRYPT=1 needs a real job secret ($P2PGEN_SECRET_FILE): without one the secret "
+                          "derives from the job name, and so would every key; start the agent with --secret-file")
     secret = load_secret(env.get("P2PGEN_SECRET_FILE"), job)
     promoted = None
     if standby:
@@ -748,11 +774,19 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
     peer = Peer(job, state if state is not None else SharedState(), env["P2PGEN_AGENT"], peer_id, incarnation,
                 secret, env["P2PGEN_DATA_ADDR"], env["P2PGEN_STATE_ADDR"], trace_path=trace,
                 backend=env.get("P2PGEN_BACKEND", "tcp"), channel_addr=env.get("P2PGEN_CHANNEL_ADDR"),
-                channel_dir=env.get("P2PGEN_CHANNEL_DIR"), keep=StateKeeperConfig.from_env(env))
+                channel_dir=env.get("P2PGEN_CHANNEL_DIR"), keep=StateKeeperConfig.from_env(env),
+                encrypt=encrypt)
     # where this incarnation's start went (p2pgen.bench.heal): process start, imports done, promoted, attached
     peer.trace.record("joined", process_start=_process_start(), join_called=called, promoted=promoted,
                       standby=standby is not None)
     return peer
+
+
+def _encrypt_from_env(env) -> bool:
+    try:
+        return seal.from_env(env)
+    except ValueError as e:
+        raise P2PGenError(str(e)) from None
 
 
 def _await_promotion(agent_addr: str, secret: bytes, job: str, token: str) -> int:

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from p2pgen import faults
+from p2pgen.agent import notice
 from p2pgen.agent.client import STANDBY_POLL_S
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
 from p2pgen.agent.probe import PROBE_BYTES, LinkProber, serve_probe
@@ -50,11 +51,12 @@ from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
 from p2pgen.core import Command, Configure, Kept, Leave, Links, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
-from p2pgen.core.steward import alone_active, hand_over_due, relaunch_due, standby_due, vote_owed
+from p2pgen.core.steward import Drain, alone_active, drain_step, hand_over_due, relaunch_due, standby_due, vote_owed
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
 from p2pgen.raft.trace import ENV_DIR, Trace
+from p2pgen.transport import seal
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,12 @@ class AgentConfig:
     state: StateDirConfig = field(default_factory=StateDirConfig)   # local copy, checkpoints, regression rule
     standby: int = 0                              # warm standby processes of the application kept ready (0 or 1)
     zone: str = ""                                # the zone this host is in (`--zone`), registered with the member
-    probe_bytes: int = PROBE_BYTES                # payload of one link probe request (0: never probe)
+    probe_bytes: int = PROBE_BYTES                # first payload of a link probe request (0: never probe)
+    drain_timeout: float = 25.0                   # a drain (SIGTERM, a notice) ends with the agent gone by then
+    notice_file: str | None = None                # a spot notice appears here (None: not watched)
+    notice_url: str | None = None                 # a spot-notice endpoint, polled (None: nothing is polled)
+    notice_interval: float = 1.0                  # seconds between two readings of the notice source
+    encrypt: bool = False                         # the application seals its links (--encrypt: $P2PGEN_ENCRYPT=1)
 
 
 @dataclass
@@ -150,8 +157,9 @@ class Agent:
         self._relaunch: _Relaunch | None = None
         self._voted: tuple[int, int] | None = None      # (generation, incarnation) last voted ready for
         self._leaving = threading.Event()
-        self._hand_over_until: float | None = None   # asked to leave: the latest time to hand the state over
-        self._leaving_said = False
+        self._drain: Drain | None = None           # asked to leave: the drain under way (monotonic clock)
+        self._drain_info: dict | None = None       # what `show` says of it: why, and the wall time it leaves by
+        self._drain_said = ""
         self._stopped = threading.Event()
         self._app_kill: tuple[Application, bool] | None = None   # (app, counts as a failure)
         self._stopped_app: tuple[Application, float] | None = None
@@ -179,6 +187,8 @@ class Agent:
                                    self._leaving.is_set)
         self.prober = LinkProber(self.addr, config.secret, config.job, self._machine, self._submit_links,
                                  nbytes=config.probe_bytes)
+        self.notices = notice.watcher(config.notice_file, config.notice_url, config.notice_interval,
+                                      self._on_notice)
 
     @property
     def node(self):
@@ -189,6 +199,8 @@ class Agent:
     def run(self) -> int:
         """Join (or start) the job and serve until asked to leave. Returns the process exit code."""
         self.rpc.start()
+        if self.notices is not None:
+            self.notices.start()
         try:
             self.heartbeats.start()
             self.membership.join()
@@ -203,12 +215,33 @@ class Agent:
             self._shutdown()
         return self.exit_code
 
-    def request_leave(self) -> None:
-        """Leave the job gracefully (SIGTERM, `leave` RPC): callable from any thread."""
+    def request_leave(self, why: str = "asked to leave", at: float | None = None) -> None:
+        """Drain and leave the job gracefully (SIGTERM, the `leave` RPC, a spot notice): callable from any thread.
+        The agent is gone within `drain_timeout` seconds, or before `at` (wall time the machine goes) if earlier;
+        a second request can only bring the deadline forward.
+
+        Args:
+            why: said in the log and in `show`.
+            at: when the machine is taken (seconds since the epoch), if the notice said.
+        """
+        now, wall = time.monotonic(), time.time()
+        left = self.config.drain_timeout if at is None else min(self.config.drain_timeout, max(0.0, at - wall))
+        if self._drain is None or now + left < self._drain.deadline:
+            self._drain = Drain(now if self._drain is None else self._drain.since, now + left,
+                                self.config.state.regress_wait, None if self._drain is None else self._drain.app_asked)
+            self._drain_info = {"why": why, "leaves_by": wall + left, "since": wall}
+            log.warning("draining (%s): this agent leaves the job by %s", why,
+                        time.strftime("%H:%M:%S", time.localtime(wall + left)))
         self._leave_requested.set()
         self._events.put(("leave",))          # wakes the driver, whose turn decides when (_leave_once_handed_over)
 
+    def _on_notice(self, found: notice.Notice) -> None:
+        self.request_leave(f"termination notice from {self.notices.source if self.notices else '?'}: {found.text}",
+                           found.at)
+
     def _shutdown(self) -> None:
+        if self.notices is not None:
+            self.notices.stop()
         self._drop_standby()
         if self.app is not None:
             self.app.terminate(grace=2.0)
@@ -303,7 +336,7 @@ class Agent:
             "P2PGEN_INCARNATION": str(incarnation) if incarnation is not None else None, "P2PGEN_AGENT": self.addr,
             "P2PGEN_DATA_ADDR": port_of(self.addr, "data"), "P2PGEN_STATE_ADDR": port_of(self.addr, "state"),
             "P2PGEN_CHANNEL_ADDR": port_of(self.addr, "channel"), "P2PGEN_CHANNEL_DIR": self.config.channel_dir,
-            "P2PGEN_STANDBY": standby}
+            "P2PGEN_STANDBY": standby, seal.ENV: "1" if self.config.encrypt else None}
         env.update(self.config.state.app_env(self.config.job, self.config.peer_id, self.addr))
         if self.config.secret_file:
             env["P2PGEN_SECRET_FILE"] = self.config.secret_file
@@ -696,22 +729,26 @@ class Agent:
                         e)
 
     def _leave_once_handed_over(self) -> bool:
-        """Asked to leave (SIGTERM, `leave` RPC): leave now, unless this peer alone holds steps of the job's state
-        that another member can take (`hand_over_due`): it is the whole active generation, or its dead
-        application left the local copy the job waits for. Then the agent goes on as before (its application
-        trains, or restarts, registers, restores the copy and votes) until another member holds the state, at
-        most `regress_wait` seconds after the request: leaving at once would take those steps with it (the
-        job would wait for a copy deleted with this peer's local state, then fall back below it). True once
-        the agent has left."""
-        now = time.monotonic()
-        if self._hand_over_until is None:
-            self._hand_over_until = now + self.config.state.regress_wait
-        if now < self._hand_over_until and self._hand_over_due():
-            if not self._leaving_said:
-                log.warning("leaving: this peer alone holds steps of the job's state (%s); it stays until another "
-                            "member holds them (at most %.0f s)", self._only_copy_where(),
-                            self.config.state.regress_wait)
-                self._leaving_said = True
+        """A drain's turn (`drain_step`): hand the state over first if this peer alone holds steps another member
+        can take (it is the whole active generation, or its dead application left the local copy the job waits
+        for: the agent goes on as before, its application training or restarting to restore that copy, at most
+        --regress-wait); then ask the application to stop at its next step boundary (it exits on its own, and
+        its exit leaves the job); then leave, by the drain's deadline whatever happens. True once the agent has
+        left."""
+        drain = self._drain
+        assert drain is not None               # set by request_leave before the flag that calls this
+        app = self.app
+        stoppable = app is not None and self.app_attached and not app.exited.is_set()
+        move, why = drain_step(drain, time.monotonic(), self._hand_over_due(), stoppable)
+        if why != self._drain_said:
+            self._drain_said = why
+            log.info("draining: %s", why if move != "stay" else f"{why} ({self._only_copy_where()}); it stays "
+                     f"until another member holds them (at most {drain.hand_over_wait:.0f} s)")
+        if move == "stop_app":               # the application's watch (a `wait` call) sees it at once
+            self._drain = Drain(drain.since, drain.deadline, drain.hand_over_wait, time.monotonic())
+            if self.node is not None:
+                self.node.wake_waiters()
+        if move != "leave":
             return False
         self._leave()
         return True
@@ -815,6 +852,7 @@ class Agent:
                       "standby_pid": self._standby.pid if self._standby else None,
                       "standby_ready": self._standby.waiting if self._standby else False,
                       "restarts": self.restarts, "leaving": self._leave_requested.is_set(),
+                      "draining": self._drain_json(),
                       "refused_connections": self.rpc.refused,
                       "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},
                       "waiting": self.membership.waiting},
@@ -835,8 +873,18 @@ class Agent:
         timeout = min(float(params.get("timeout", 5.0)), 30.0)
         self._require_view()
         watch_leader, seen = "leader" in params, params.get("leader")
-        self.node.wait_view(lambda v: v.version > after or (watch_leader and v.leader != seen), timeout)
+        stop_seen = bool(params.get("stop_at_boundary", False))
+        self.node.wait_view(lambda v: v.version > after or (watch_leader and v.leader != seen)
+                            or self._app_stop_asked() != stop_seen, timeout)
         return self._rpc_show(params)
+
+    def _app_stop_asked(self) -> bool:
+        return self._drain is not None and self._drain.app_asked is not None
+
+    def _drain_json(self) -> dict | None:
+        if self._drain_info is None:
+            return None
+        return {**self._drain_info, "stop_at_boundary": self._app_stop_asked()}
 
     def _rpc_attach(self, params: dict) -> dict:
         app = self.app

@@ -23,6 +23,8 @@ from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, s
 from p2pgen.auth import SecretError, load_secret, read_secret_file
 from p2pgen.core.topology import check_zone, rate
 
+NO_SECRET_TO_ENCRYPT = ("--encrypt needs a real job secret: give --secret-file (or $P2PGEN_SECRET_FILE); without "
+                        "one the secret derives from the job name, and so would every key")
 DEMO_STEP_DELAY_S = 0.5      # `join --local --chaos --steps`: a step paced like (small) real training
 
 
@@ -41,6 +43,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", help="a member's control address")
     join.add_argument("--secret-file", help="file holding the job secret (default: $P2PGEN_SECRET_FILE, else an "
                                             "insecure demo secret)")
+    join.add_argument("--encrypt", action="store_true", default=None,
+                      help="seal the application's links (data plane, state transfer, channels) with AES-256-GCM, "
+                           "keyed per connection from the job secret; every member must use it (default: "
+                           "$P2PGEN_ENCRYPT=1, else off)")
     join.add_argument("--max-restarts", type=int, default=10, help="restarts of a failing COMMAND before leaving")
     join.add_argument("--min-members", type=int, default=1, help="form the first generation only once this many "
                                                                  "members registered (same value on every agent)")
@@ -79,6 +85,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="--local: seconds of pretend compute per step, passed to COMMAND as $P2PGEN_STEP_DELAY "
                            f"(default with --chaos and --steps: {DEMO_STEP_DELAY_S}, so that recoveries land "
                            "mid-training as on real hardware)")
+    join.add_argument("--drain-timeout", type=float, default=25.0, metavar="S",
+                      help="on SIGTERM or a spot notice the agent drains (hands its state over, stops the "
+                           "application at a step boundary, leaves) and is gone within S seconds, or before the "
+                           "notice's termination time if earlier (default 25)")
+    join.add_argument("--notice-file", metavar="PATH",
+                      help="drain when PATH appears (its content: a termination time, ISO-8601 or epoch seconds, or "
+                           "nothing for 'soon'); not watched unless given")
+    join.add_argument("--notice-url", metavar="URL",
+                      help="poll URL for a spot termination notice (404 or FALSE: none; a JSON `time`, a scheduled "
+                           "Preempt event, a time or TRUE: drain); nothing is polled unless given")
+    join.add_argument("--notice-interval", type=float, default=1.0, metavar="S",
+                      help="seconds between two readings of --notice-file or --notice-url (default 1)")
     add_detector_arguments(join)
     add_state_arguments(join)
     join.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: the application to supervise")
@@ -152,20 +170,29 @@ def cmd_join(args: argparse.Namespace) -> int:
         bad_zone = check_zone(args.zone)
         if bad_zone or args.probe_mib < 0:
             raise ValueError(f"--zone: {bad_zone}" if bad_zone else "--probe-mib must be >= 0 (0: never probe)")
+        if args.drain_timeout <= 0:
+            raise ValueError(f"--drain-timeout {args.drain_timeout}: give a positive number of seconds")
+        encrypt = _encrypt(args)
+        if encrypt and read_secret_file(args.secret_file) is None:
+            raise ValueError(NO_SECRET_TO_ENCRYPT)
+        agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
+                                  secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer,
+                                  command=_command(args), max_restarts=args.max_restarts,
+                                  min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
+                                  attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state,
+                                  standby=args.standby, encrypt=encrypt, drain_timeout=args.drain_timeout,
+                                  notice_file=args.notice_file, notice_url=args.notice_url,
+                                  notice_interval=args.notice_interval, zone=args.zone,
+                                  probe_bytes=int(args.probe_mib * (1 << 20))))
     except (ValueError, SecretError) as e:
         print(f"p2pgen join: {e}", file=sys.stderr)
         return 2
-    agent = Agent(AgentConfig(job=args.job, peer_id=args.peer_id, listen=args.listen, secret=secret,
-                              secret_file=args.secret_file and os.path.abspath(args.secret_file), peers=args.peer, command=_command(args), max_restarts=args.max_restarts,
-                              min_members=args.min_members, detector=detector, trace_dir=args.trace_dir,
-                              attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state,
-                              standby=args.standby, zone=args.zone, probe_bytes=int(args.probe_mib * (1 << 20))))
     # The handler runs on the main thread, which is the agent's driver, between two bytecodes: possibly while
     # that thread holds the lock of the event queue it waits on. Queueing "leave" from the handler itself can
     # then deadlock (the agent never leaves); a short-lived thread queues it once the driver lets go.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: threading.Thread(target=agent.request_leave, name="leave-request",
-                                                       daemon=True).start())
+        signal.signal(sig, lambda num, _: threading.Thread(target=agent.request_leave, name="leave-request",
+                                                           args=(signal.Signals(num).name,), daemon=True).start())
     page = None
     if args.http is not None:
         from p2pgen.agent.statuspage import StatusPage
@@ -243,6 +270,13 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def format_drain(draining: dict[str, Any]) -> str:
+    """`draining, leaves by HH:MM:SS (why)`: a drain as `show` prints it."""
+    by = time.strftime("%H:%M:%S", time.localtime(draining["leaves_by"]))
+    stop = ", the application stops at its next step boundary" if draining.get("stop_at_boundary") else ""
+    return f"draining, leaves by {by} ({draining['why']}{stop})"
+
+
 def format_show(shown: dict[str, Any]) -> str:
     state, raft, agent = shown["state"], shown["raft"], shown["agent"]
     epoch = f"epoch {raft['epoch']}, " if raft.get("epoch") else ""
@@ -252,7 +286,8 @@ def format_show(shown: dict[str, Any]) -> str:
              "voters:     " + ", ".join(f"{v['agent']} ({v['node'].rpartition('/')[2]})" for v in raft["voters"]),
              "non-voting: " + (", ".join(raft["nonvoters"]) or "none"),
              f"this agent: {agent['addr']} as {'voter ' + raft['self'] if raft['voter'] else 'a non-voting member'}"
-             + (f"; waiting: {agent['waiting']}" if agent.get("waiting") else "")]
+             + (f"; waiting: {agent['waiting']}" if agent.get("waiting") else "")
+             + (f"; {format_drain(agent['draining'])}" if agent.get("draining") else "")]
     refused = format_refusals(agent.get("refusals", {}))
     if refused:
         lines.append("refused:    " + refused)
@@ -402,6 +437,7 @@ def run_local_demo(args: argparse.Namespace) -> int:
         return 2
     try:
         state = state_config_from_args(args)
+        encrypt = _encrypt(args)
     except ValueError as e:
         print(f"p2pgen join --local: {e}", file=sys.stderr)
         return 2
@@ -409,11 +445,18 @@ def run_local_demo(args: argparse.Namespace) -> int:
                   f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
                   f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
                   f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}",
-                  f"--standby={args.standby}"]
+                  f"--standby={args.standby}"] + (["--encrypt"] if encrypt else [])
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
                    chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args),
                    http=(args.http, args.http_bind) if args.http is not None else None)
     return job.run()
+
+
+def _encrypt(args: argparse.Namespace) -> bool:
+    """--encrypt, else $P2PGEN_ENCRYPT (ValueError on a value other than 0 or 1)."""
+    from p2pgen.transport import seal
+
+    return True if args.encrypt else seal.from_env(os.environ)
 
 
 def _demo_step_delay(args: argparse.Namespace) -> float | None:

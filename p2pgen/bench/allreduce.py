@@ -10,6 +10,12 @@ exposes both backends to the same background load on a shared machine, which a r
 the other does not; 21 rounds by default: with 3 the median ratio at 64 MiB moved by 0.2 or more between
 runs on a shared 2-core machine, with 11 it still moved by 9 % (2.01-2.20, world 4, three runs). As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
 (what each link carries in a ring all-reduce).
+
+`encrypt=True` (`--encrypt`) adds a third group, p2pgen with sealed links (`p2pgen.transport.seal`), to the same
+interleaved rounds: its time beside plain p2pgen's, the cost as the sealed/plain time ratio (median, and min..max
+over the rounds), and the per-core AES-256-GCM throughput of the frame seal measured in the same run. It composes
+with the other options (`--no-shm`, `--chunk`, `--world`, `--no-gloo`); sizes that take shared memory never leave
+the host and are not sealed, so measure the ring with `--no-shm`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class Row:
     ratio_min: float | None = None     # min and max over the rounds of that round's gloo time / p2pgen time
     ratio_max: float | None = None
     path: str = "ring"                 # how p2pgen's all_reduce ran: "shm" (shared memory) or "ring" (TCP)
+    sealed_s: float | None = None      # p2pgen with --encrypt, in the same rounds (None: not measured)
+    seal_ratio_min: float | None = None   # min and max over the rounds of that round's sealed time / plain time
+    seal_ratio_max: float | None = None
 
 
 def parse_size(text: str) -> int:
@@ -56,13 +65,15 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: "EmulatedCluster | None" = None) -> list[Row]:
+        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: "EmulatedCluster | None" = None,
+        encrypt: bool = False) -> list[Row]:
     """Time every size on both backends.
 
     Args:
         world: processes (with `hosts`: one per host, so `len(hosts.names)`).
         shm: False starts p2pgen's workers with P2PGEN_SHM=0, so that every size takes the TCP ring.
         hosts: an emulated cluster already created: rank i runs inside host i.
+        encrypt: also time p2pgen with sealed links in the same rounds.
     Raises:
         ValueError: `world` differs from the cluster's host count.
     """
@@ -73,6 +84,8 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
     groups = {"p2pgen": _Group(places, "p2pgen", chunk_bytes, shm)}
     paths: dict[int, str] = {}
     try:
+        if encrypt:
+            groups["sealed"] = _Group(places, "p2pgen", chunk_bytes, shm, encrypt=True)
         if gloo:
             groups["gloo"] = _Group(places, "gloo", chunk_bytes, shm)
         times: dict[str, list[list[float]]] = {name: [[] for _ in plan] for name in groups}
@@ -94,17 +107,46 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
         if gloo:
             ratios = [g / p for p, g in zip(times["p2pgen"][i], times["gloo"][i])]
             row.ratio_min, row.ratio_max = min(ratios), max(ratios)
+        if encrypt:
+            costs = [e / p for p, e in zip(times["p2pgen"][i], times["sealed"][i])]
+            row.sealed_s, row.seal_ratio_min, row.seal_ratio_max = med["sealed"][i], min(costs), max(costs)
         rows.append(row)
     return rows
+
+
+def seal_throughput(nbytes: int = 1 << 20, seconds: float = 0.3) -> tuple[float, float]:
+    """(encrypt, decrypt) GB/s of one core with the seal's cipher (AES-256-GCM, OpenSSL through `cryptography`)
+    on frames of `nbytes` with a frame header as associated data, each timed for about `seconds` (a throwaway
+    key and nonce: only the speed is measured)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from p2pgen.transport import frame
+
+    aead, nonce, header = AESGCM(os.urandom(32)), bytes(12), bytes(frame.HEADER_BYTES)
+    plain, wire, out = bytearray(os.urandom(nbytes)), bytearray(nbytes + 16), bytearray(nbytes)
+
+    def rate(step) -> float:
+        count, start = 0, time.perf_counter()
+        while count < 3 or time.perf_counter() - start < seconds:
+            step()
+            count += 1
+        return count * nbytes / (time.perf_counter() - start) / 1e9
+
+    encrypt = rate(lambda: aead.encrypt_into(nonce, plain, header, wire))
+    return encrypt, rate(lambda: aead.decrypt_into(nonce, wire, header, out))
 
 
 def busbw(world: int, size: int, seconds: float) -> float:
     return size / seconds / 1e9 * (2 * (world - 1) / world if world > 1 else 1)
 
 
-def format_table(world: int, rows: list[Row], where: str = "127.0.0.1", link_bits: int | None = None) -> str:
+def format_table(world: int, rows: list[Row], where: str = "127.0.0.1", link_bits: int | None = None,
+                 seal_rates: tuple[float, float] | None = None) -> str:
     """The nccl-tests-style table; `where` names the place (loopback or the emulated cluster), `link_bits` (one
-    shaped rate for every link) adds each backend's busbw as a fraction of that rate."""
+    shaped rate for every link) adds each backend's busbw as a fraction of that rate; with sealed rows, their
+    columns and the cost ratio, and `seal_rates` (`seal_throughput()`) as a closing line."""
+    if any(r.sealed_s is not None for r in rows):
+        return _sealed_table(world, rows, seal_rates, where)
     head = (f"# all_reduce sum float32, world {world} on {where}, {os.cpu_count()} CPUs\n"
             f"# {'':>24}{'p2pgen':^36}{'torch gloo':^36}\n"
             f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} " * 2
@@ -131,27 +173,58 @@ def _of_link(world: int, size: int, seconds: float | None, link_bits: int) -> st
     return "-" if seconds is None else f"{busbw(world, size, seconds) * 8e9 / link_bits:.2f}"
 
 
+def _sealed_table(world: int, rows: list[Row], seal_rates: tuple[float, float] | None, where: str) -> str:
+    gloo = any(r.gloo_s is not None for r in rows)
+    head = (f"# all_reduce sum float32, world {world} on {where}, {os.cpu_count()} CPUs: plain vs sealed "
+            "(--encrypt)\n"
+            f"# {'':>24}{'p2pgen plain':^36}{'p2pgen sealed':^36}" + (f"{'torch gloo':^36}" if gloo else "") + "\n"
+            f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
+            * (3 if gloo else 2) + f"{'sealed/plain':>12} {'per round':>11} {'p2pgen path':>11}")
+    lines = [head]
+    for r in rows:
+        cells = [f"{r.size:>14} {r.count:>10} ", _cells(world, r.size, r.p2pgen_s), _cells(world, r.size, r.sealed_s)]
+        if gloo:
+            cells.append(_cells(world, r.size, r.gloo_s))
+        cells.append(f"{r.sealed_s / r.p2pgen_s:>12.3f}")
+        cells.append(f" {f'{r.seal_ratio_min:.2f}..{r.seal_ratio_max:.2f}':>11} {r.path:>11}")
+        lines.append("".join(cells))
+    lines.append("# sealed/plain: time ratio, median over the interleaved rounds (1.05 = 5 % slower); per round: its "
+                 "min..max.\n# Sizes on the shm path never leave the host and are not sealed: measure the ring with "
+                 "--no-shm")
+    if seal_rates is not None:
+        lines.append(f"# AES-256-GCM on one core (1 MiB frames): encrypt {seal_rates[0]:.2f} GB/s, decrypt "
+                     f"{seal_rates[1]:.2f} GB/s")
+    return "\n".join(lines)
+
+
 def _cells(world: int, size: int, seconds: float | None) -> str:
     if seconds is None:
         return f"{'-':>12} {'-':>11} {'-':>11} "
     return f"{seconds * 1e6:>12.1f} {size / seconds / 1e9:>11.3f} {busbw(world, size, seconds):>11.3f} "
 
 
-def to_json(world: int, rows: list[Row]) -> str:
+def to_json(world: int, rows: list[Row], seal_rates: tuple[float, float] | None = None) -> str:
     out = []
     for r in rows:
         d = asdict(r)
         d["p2pgen_busbw_GBps"] = busbw(world, r.size, r.p2pgen_s)
         d["gloo_busbw_GBps"] = busbw(world, r.size, r.gloo_s) if r.gloo_s else None
+        if r.sealed_s is not None:
+            d["sealed_busbw_GBps"] = busbw(world, r.size, r.sealed_s)
+            d["sealed_over_plain"] = r.sealed_s / r.p2pgen_s
         out.append(d)
-    return json.dumps({"world": world, "op": "sum", "dtype": "float32", "rows": out}, indent=2)
+    doc = {"world": world, "op": "sum", "dtype": "float32", "rows": out}
+    if seal_rates is not None:
+        doc["aes256gcm_one_core_GBps"] = {"encrypt": seal_rates[0], "decrypt": seal_rates[1]}
+    return json.dumps(doc, indent=2)
 
 
 # ---- workers -------------------------------------------------------------------------------------
 class _Group:
     """`world` worker processes of one backend, idle between the sizes they are told to time."""
 
-    def __init__(self, places: list[tuple[str, str]], backend: str, chunk_bytes: int, shm: bool) -> None:
+    def __init__(self, places: list[tuple[str, str]], backend: str, chunk_bytes: int, shm: bool,
+                 encrypt: bool = False) -> None:
         """`places[rank]`: (network namespace, or "" for this one; the address the rank listens on)."""
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
@@ -159,8 +232,8 @@ class _Group:
         try:
             for rank in range(len(places)):
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_worker, args=(child, backend, rank, places, chunk_bytes, store_port, shm),
-                                daemon=True)
+                p = ctx.Process(target=_worker, args=(child, backend, rank, places, chunk_bytes, store_port, shm,
+                                                      encrypt), daemon=True)
                 p.start()
                 self.pipes.append(parent)
                 self.procs.append(p)
@@ -193,7 +266,7 @@ class _Group:
 
 
 def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_bytes: int, store_port: int,
-            shm: bool) -> None:
+            shm: bool, encrypt: bool) -> None:
     netns_name, _ = places[rank]
     if netns_name:
         from p2pgen.testing.netns import enter
@@ -207,7 +280,7 @@ def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_
 
     torch.set_num_threads(1)
     if backend == "p2pgen":
-        step, close, on_shm = _p2pgen_step(pipe, rank, places, chunk_bytes)
+        step, close, on_shm = _p2pgen_step(pipe, rank, places, chunk_bytes, encrypt)
     else:
         (step, close), on_shm = _gloo_step(rank, places, store_port), lambda: False
     try:
@@ -230,13 +303,13 @@ def _time(step, size: int, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _p2pgen_step(pipe, rank: int, places: list[tuple[str, str]], chunk_bytes: int):
+def _p2pgen_step(pipe, rank: int, places: list[tuple[str, str]], chunk_bytes: int, encrypt: bool):
     from p2pgen.collectives import TcpBackend
     from p2pgen.testing.cluster import SECRET
     from p2pgen.testing.ports import open_transport
     from p2pgen.transport import Endpoint, Group, TransportConfig
 
-    config = TransportConfig(chunk_bytes=chunk_bytes, max_frame_bytes=max(16 << 20, chunk_bytes))
+    config = TransportConfig(chunk_bytes=chunk_bytes, max_frame_bytes=max(16 << 20, chunk_bytes), encrypt=encrypt)
     transport = open_transport(JOB, SECRET, f"bench{rank}", rank + 1, config, host=places[rank][1])
     pipe.send(transport.port)
     ports = pipe.recv()

@@ -36,6 +36,9 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-gloo", action="store_true", help="skip the torch gloo baseline")
     p.add_argument("--no-shm", action="store_true", help="p2pgen without shared memory (P2PGEN_SHM=0): the TCP ring "
                                                         "at every size, as between hosts")
+    p.add_argument("--encrypt", action="store_true", help="also time p2pgen with sealed links (join --encrypt) in the "
+                                                         "same interleaved rounds: the sealed/plain time ratio and "
+                                                         "the per-core AES-256-GCM rate (use with --no-shm)")
     add_cluster_arguments(p, "one rank of each backend")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
@@ -113,15 +116,17 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         if hosts:
             hosts.create()
         rows = allreduce.run(world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
-                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts)
+                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts, encrypt=args.encrypt)
     finally:
         if hosts:
             hosts.remove()
+    rates = allreduce.seal_throughput(chunk) if args.encrypt else None
     if args.json:
-        print(allreduce.to_json(world, rows))
+        print(allreduce.to_json(world, rows, rates))
     else:
         link = hosts.topology.intra if hosts and hosts.topology and hosts.topology.is_uniform() else None
-        print(allreduce.format_table(world, rows, where=hosts.describe() if hosts else "127.0.0.1", link_bits=link))
+        print(allreduce.format_table(world, rows, where=hosts.describe() if hosts else "127.0.0.1", link_bits=link,
+                                     seal_rates=rates))
     if plots is not None:
         plots.plot_allreduce(world, rows, allreduce.busbw, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -152,8 +157,8 @@ def _add_recovery(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a short run of every section (a few minutes: the step loop "
                                                         "alone takes about 3 with every peer)")
     p.add_argument("--only", action="append", metavar="SECTION",
-                   choices=("membership", "steploop", "heal", "catchup", "overhead"),
-                   help="run only this section (repeatable): membership, steploop, heal, catchup, overhead")
+                   choices=("membership", "steploop", "heal", "catchup", "overhead", "drain"),
+                   help="run only this section (repeatable): membership, steploop, heal, catchup, overhead, drain")
     add_cluster_arguments(p, "each agent of the membership and step-loop sections (p2pgen and restart-all; at "
                              "least 4 hosts)")
     p.add_argument("--json", action="store_true", help="print JSON (the format `p2pgen sim --recovery-json` reads)")

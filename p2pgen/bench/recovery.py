@@ -1,6 +1,6 @@
 """`p2pgen bench recovery`: what faults and joins cost, on real agent processes, beside baselines.
 
-Owns five sections, each reported as a table and under its own JSON key:
+Owns six sections, each reported as a table and under its own JSON key:
 1. membership (top-level keys, read by `p2pgen sim --recovery-json`): SIGKILL and SIGSTOP of a
    supervised `sleep` application, SIGKILL of the agent that is the Raft leader, a joiner becoming a
    member. Read from certificates (`activated_at` minus the wall time of the fault).
@@ -18,6 +18,8 @@ Owns five sections, each reported as a table and under its own JSON key:
 4. `catchup`: `p2pgen.bench.catchup.catchup_throughput` (pull vs raw loopback TCP, same run).
 5. `step_overhead`: `p2pgen.bench.apps.noop`: a step through `peer.steps()` vs a bare all-reduce, in
    one process and one generation.
+6. `drain`: `p2pgen.bench.drain.run_drain`: a drained host (SIGTERM, what a spot notice starts) against a
+   SIGKILLed one, same host, same run: the survivors' longest time without a commit, steps lost, host gone.
 Invariant: every process a section starts is stopped by pid before the section returns (`Cluster`,
 `p2pgen.bench.peers.Deployment`); figures are wall-clock differences of timestamps taken on this machine,
 never of polling times.
@@ -45,8 +47,8 @@ from p2pgen.testing.netns import EmulatedCluster
 from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
-SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead")
-HOST_SECTIONS = ("membership", "steploop")           # the sections that run in emulated hosts (--hosts)
+SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead", "drain")
+HOST_SECTIONS = ("membership", "steploop", "drain")           # the sections that run in emulated hosts (--hosts)
 HOST_PEERS = ("p2pgen", "restart-all")                # the step-loop peers that do
 STEPLOOP_PEERS = ("p2pgen", "torchft", "torchrun", "restart-all")
 FAULTS = ("sigkill_app", "sigstop_app", "kill_agent")
@@ -565,7 +567,8 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
              "steploop": lambda: run_steploop(plan, detect_timeout, workdir / "steploop"),
              "heal": lambda: run_heal_section(plan, workdir / "heal"),
              "catchup": lambda: run_catchup(plan),
-             "overhead": lambda: run_overhead(plan, detect_timeout, workdir / "overhead")}
+             "overhead": lambda: run_overhead(plan, detect_timeout, workdir / "overhead"),
+             "drain": lambda: _drain_section().run_drain(plan, detect_timeout, workdir / "drain")}
     for done, section in enumerate(s for s in SECTIONS if s in sections):
         if progress is not None:
             progress.update(done, f"running {section}")
@@ -573,6 +576,11 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
     if progress is not None:
         progress.update(len(sections), "done")
     return results
+
+
+def _drain_section():
+    from p2pgen.bench import drain      # it builds on this module's step loop
+    return drain
 
 
 def to_json(results: dict[str, Any], detect_timeout: float, plan: Plan) -> str:
@@ -593,6 +601,8 @@ def to_json(results: dict[str, Any], detect_timeout: float, plan: Plan) -> str:
         out["catchup"] = results["catchup"]
     if "overhead" in results:
         out["step_overhead"] = results["overhead"]
+    if "drain" in results:
+        out["drain"] = {"summary": _drain_section().summarize_drain(results["drain"]), "faults": results["drain"]}
     return json.dumps(out, indent=2, sort_keys=True)
 
 
@@ -615,6 +625,9 @@ def format_text(results: dict[str, Any], detect_timeout: float, plan: Plan) -> s
         parts.append(format_catchup(results["catchup"]))
     if "overhead" in results:
         parts.append(format_overhead(results["overhead"]))
+    if "drain" in results:
+        drain = _drain_section()
+        parts.append(drain.format_drain(drain.summarize_drain(results["drain"]), detect_timeout))
     return "\n\n".join(parts)
 
 

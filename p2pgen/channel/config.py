@@ -39,6 +39,7 @@ class ChannelConfig:
     fsync: bool = False                  # fsync each log record (host-crash durability; ~ms per record)
     compact_records: int = 1 << 20       # rewrite the log once it holds this many records
     socket_buffer_bytes: int = 1 << 20   # SO_SNDBUF / SO_RCVBUF (0: leave the kernel's autotuning)
+    encrypt: bool = False                # seal every frame (--encrypt); both ends must agree, or the dialer is refused
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
 
     def __post_init__(self) -> None:

@@ -21,6 +21,8 @@ Invariants:
   than the log's owner is refused; refusals and dropped frames are counted in `stats()`.
 - A message is handed out only from a full slot holding its (connection, number) key; slots are marked
   empty before each receive, so a torn or aborted receive is never consumed.
+- With `config.encrypt` a sender that does not seal is refused ("encryption_mismatch"), and a sealed frame
+  that fails its tag or comes out of order ("bad_seal", "replayed") closes its connection, never delivered.
 """
 
 from __future__ import annotations
@@ -37,16 +39,17 @@ from p2pgen import auth
 from p2pgen.channel.config import EXACTLY_ONCE, ChannelConfig, check_mode
 from p2pgen.channel.log import ConsumptionLog, LogBusy, channel_path
 from p2pgen.channel.wire import ACK, ARRAY, DATA, LOG, OPEN, Rejected, Slot, Stamp, decode_array, \
-    parse_header, read_exact, recv_control, send_control, write_frame
+    parse_header, read_exact, read_payload, recv_control, send_control, write_frame
 from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.listener import Listener
 from p2pgen.transport import frame, handshake
+from p2pgen.transport.seal import Seal
 
 log = logging.getLogger(__name__)
 
 COUNTERS = ("delivered", "consumed", "duplicates_dropped", "purged", "takeovers", "stale_generation",
             "wrong_incarnation", "superseded", "busy", "bad_checksum", "oversized", "truncated",
-            "malformed", "auth_failed")
+            "malformed", "auth_failed", "bad_seal", "replayed", "encryption_mismatch")
 
 
 class Counters:
@@ -67,9 +70,10 @@ class _Conn:
     """One accepted connection of a channel: its stamps, mode and the lock its ACK writes share."""
 
     def __init__(self, cid: int, sock: socket.socket, hello: handshake.Hello, me: int, tag: int,
-                 mode: str) -> None:
+                 mode: str, seal: Seal | None = None) -> None:
         self.id = cid
         self.sock = sock
+        self.seal = seal
         self.sender = hello.dialer
         self.generation = hello.generation
         self.mode = mode
@@ -81,7 +85,7 @@ class _Conn:
         """Best effort: a lost ACK only makes the sender ask the log after its next fault."""
         with self.send_lock:
             try:
-                write_frame(self.sock, ACK, self.stamp_out, seq, 0, b"")
+                write_frame(self.sock, ACK, self.stamp_out, seq, 0, b"", self.seal)
             except OSError:
                 pass
 
@@ -210,7 +214,7 @@ class ChannelReceiver:
             return
         w, above = snapshot
         try:
-            send_control(conn.sock, LOG, conn.stamp_out, {"w": w, "above": above})
+            send_control(conn.sock, LOG, conn.stamp_out, {"w": w, "above": above}, conn.seal)
             self._read_loop(conn)
         except (OSError, P2PGenError) as e:
             log.debug("channel %s -> %s: connection %d ended: %s", self.sender, self._me, conn.id, e)
@@ -236,7 +240,7 @@ class ChannelReceiver:
         self.counters.add(refusal[0])
         log.warning("channel %s -> %s: refused %s (%s): %s", self.sender, self._me, conn.sender, *refusal)
         try:
-            send_control(conn.sock, LOG, conn.stamp_out, {"refused": refusal[0], "detail": refusal[1]})
+            send_control(conn.sock, LOG, conn.stamp_out, {"refused": refusal[0], "detail": refusal[1]}, conn.seal)
         except OSError:
             pass
         conn.sock.close()
@@ -276,10 +280,7 @@ class ChannelReceiver:
         """Receive one DATA frame into `slot` (marked empty first); None if it was dropped and counted."""
         read_exact(conn.sock, memoryview(raw))
         h = parse_header(raw, self.config.max_message_bytes)
-        view = slot.prepare(h.length)
-        read_exact(conn.sock, view)
-        if not frame.verify(raw, view, h):
-            raise Rejected("bad_checksum", f"message {h.op_seq}: checksum mismatch (a torn or corrupt frame)")
+        read_payload(lambda v: read_exact(conn.sock, v), raw, h, slot.prepare(h.length), conn.seal)
         if h.kind != DATA or h.job_tag != self._tag:
             raise Rejected("malformed", f"frame kind {h.kind} of job tag {h.job_tag} on a channel")
         if h.generation != conn.generation:
@@ -424,14 +425,15 @@ class ChannelListener:
     def _open(self, sock: socket.socket) -> _Conn:
         _tune(sock, self.config.socket_buffer_bytes)
         sock.settimeout(self.config.handshake_timeout)
-        hello = handshake.accept(sock, self._key, self.job, self.identity, lambda _hello: None)
-        opening = recv_control(sock, OPEN, Stamp(self._tag, hello.generation, hello.dialer[1]))
+        hello = handshake.accept(sock, self._key, self.job, self.identity, lambda _hello: None, self.config.encrypt)
+        sealed = Seal(hello.keys) if hello.keys is not None else None
+        opening = recv_control(sock, OPEN, Stamp(self._tag, hello.generation, hello.dialer[1]), sealed)
         try:
             mode = check_mode(str(opening.get("mode")))
         except ValueError as e:
             raise Rejected("malformed", str(e)) from None
         sock.settimeout(None)
-        return _Conn(next(self._ids), sock, hello, self.identity[1], self._tag, mode)
+        return _Conn(next(self._ids), sock, hello, self.identity[1], self._tag, mode, sealed)
 
     def close(self) -> None:
         """Stop accepting, end every connection and close every log. Idempotent."""

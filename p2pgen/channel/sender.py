@@ -21,6 +21,8 @@ Invariants:
 - A message is written to a link at most once: a send either finished writing before the link was
   aborted (the abort waits for it) or is resent on the next link, never both.
 - Sends resume on a new link only after its resends were written, so numbers go out in order.
+- With `config.encrypt` every frame of every link is sealed (`p2pgen.transport.seal`); a receiver with the
+  other setting fails the channel with EncryptionMismatch (retrying cannot help), as an eviction does.
 """
 
 from __future__ import annotations
@@ -30,16 +32,18 @@ import logging
 import socket
 import struct
 import threading
+from typing import Callable
 
 from p2pgen import auth
 from p2pgen.channel.config import BATCHED, EXACTLY_ONCE, ChannelConfig, check_mode
 from p2pgen.channel.log import ConsumedSet
 from p2pgen.channel.receiver import _tune
-from p2pgen.channel.wire import ACK, DATA, LOG, OPEN, Stamp, encode, parse_header, recv_control, \
-    send_control, write_frame
-from p2pgen.errors import Evicted, GenerationChanged, P2PGenError, PeerLost, ProtocolError
+from p2pgen.channel.wire import ACK, DATA, LOG, OPEN, Stamp, encode, frame_bytes, parse_header, read_payload, \
+    recv_control, send_control, write_frame
+from p2pgen.errors import EncryptionMismatch, Evicted, GenerationChanged, P2PGenError, PeerLost, ProtocolError
 from p2pgen.transport import frame, handshake
 from p2pgen.transport.group import Endpoint
+from p2pgen.transport.seal import Seal
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +54,10 @@ _MAX_RETRY_INTERVAL = 0.5
 class _Link:
     """One connection of the channel, bound to one generation and one receiver incarnation."""
 
-    def __init__(self, sock: socket.socket, generation: int, remote: Endpoint, tag: int, me: int) -> None:
+    def __init__(self, sock: socket.socket, generation: int, remote: Endpoint, tag: int, me: int,
+                 seal: Seal | None = None) -> None:
         self.sock = sock
+        self.seal = seal
         self.generation = generation
         self.remote = remote
         self.stamp_out = Stamp(tag, generation, me)
@@ -61,7 +67,7 @@ class _Link:
         self.reader: threading.Thread | None = None
 
     def write(self, seq: int, item: tuple[int, bytes]) -> None:
-        write_frame(self.sock, DATA, self.stamp_out, seq, item[0], item[1])
+        write_frame(self.sock, DATA, self.stamp_out, seq, item[0], item[1], self.seal)
 
     def shutdown(self) -> None:
         try:
@@ -226,7 +232,8 @@ class Channel:
 
     # ---- completions ---------------------------------------------------------------------------
     def _read_acks(self, link: _Link) -> None:
-        buf = bytearray(frame.HEADER_BYTES * _ACKS_PER_READ)
+        size = frame_bytes(0, link.seal)
+        buf = bytearray(size * _ACKS_PER_READ)
         have = 0
         try:
             while True:
@@ -240,8 +247,8 @@ class Channel:
                 if n == 0:
                     raise PeerLost("receiver closed the connection")
                 have += n
-                whole = have - have % frame.HEADER_BYTES
-                self._on_acks([self._ack_seq(link, buf, off) for off in range(0, whole, frame.HEADER_BYTES)])
+                whole = have - have % size
+                self._on_acks([self._ack_seq(link, buf, off) for off in range(0, whole, size)])
                 buf[:have - whole] = buf[whole:have]
                 have -= whole
                 self._check_stall(link)
@@ -252,7 +259,9 @@ class Channel:
     def _ack_seq(link: _Link, buf: bytearray, off: int) -> int:
         raw = buf[off:off + frame.HEADER_BYTES]
         h = parse_header(raw, 0)
-        if h.kind != ACK or not frame.verify(raw, b"", h) or (h.job_tag, h.generation, h.incarnation) != (
+        rest = memoryview(buf)[off + frame.HEADER_BYTES:off + frame_bytes(0, link.seal)]
+        read_payload(_reader(rest), raw, h, memoryview(bytearray(0)), link.seal)
+        if h.kind != ACK or (h.job_tag, h.generation, h.incarnation) != (
                 link.stamp_in.tag, link.stamp_in.generation, link.stamp_in.incarnation):
             raise ProtocolError(f"bad ACK frame (kind {h.kind}, stamp {h.generation}/{h.incarnation})")
         return h.op_seq
@@ -328,7 +337,8 @@ class Channel:
         return link is None or self._resend(link, snapshot)
 
     def _connect(self) -> tuple[_Link | None, tuple[int, list[int]]]:
-        """Dial the newest target until it answers; (None, ...) if closed or this incarnation is fenced."""
+        """Dial the newest target until it answers; (None, ...) if closed, this incarnation is fenced or the two
+        ends disagree on --encrypt."""
         pause = self.config.retry_interval
         while True:
             with self._cond:
@@ -337,7 +347,7 @@ class Channel:
                 generation, remote = self._target
             try:
                 return self._dial(generation, remote)
-            except Evicted as e:
+            except (Evicted, EncryptionMismatch) as e:      # retrying cannot help: the channel fails with why
                 with self._cond:
                     self._failed = e
                     self._cond.notify_all()
@@ -353,11 +363,13 @@ class Channel:
         sock = socket.create_connection((remote.host, remote.port), timeout=self.config.handshake_timeout)
         try:
             _tune(sock, self.config.socket_buffer_bytes)
-            hello = handshake.Hello(self.job, generation, self.identity, remote.identity, auth.new_nonce())
-            handshake.dial(sock, self._key, hello)
-            link = _Link(sock, generation, remote, self._tag, self.identity[1])
-            send_control(sock, OPEN, link.stamp_out, {"mode": self.mode})
-            reply = recv_control(sock, LOG, link.stamp_in)
+            hello = handshake.Hello(self.job, generation, self.identity, remote.identity, auth.new_nonce(),
+                                    self.config.encrypt)
+            keys = handshake.dial(sock, self._key, hello)
+            link = _Link(sock, generation, remote, self._tag, self.identity[1],
+                         Seal(keys) if keys is not None else None)
+            send_control(sock, OPEN, link.stamp_out, {"mode": self.mode}, link.seal)
+            reply = recv_control(sock, LOG, link.stamp_in, link.seal)
             snapshot = _log_snapshot(reply, self.identity, remote)
         except BaseException:
             sock.close()
@@ -440,3 +452,10 @@ def _log_snapshot(reply: dict, me: tuple[str, int], remote: Endpoint) -> tuple[i
     if refused == "stale_generation":
         raise GenerationChanged(where)
     raise ProtocolError(f"{where} ({refused})")
+
+
+def _reader(data: memoryview) -> Callable[[memoryview], None]:
+    """`read_payload`'s `read` over bytes already in the ACK reader's buffer."""
+    def read(view: memoryview) -> None:
+        view[:] = data[:len(view)]
+    return read

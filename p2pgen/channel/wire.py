@@ -9,6 +9,9 @@ After the transport handshake (`p2pgen.transport.handshake`, I8) one connection 
 Every frame's header carries the stamp (job tag, generation, sender's or receiver's incarnation, op_seq)
 and an xxh3 checksum over header and payload, so a torn frame (half new, half old) never verifies.
 
+On a sealed connection (`--encrypt`, keyed by the handshake: `p2pgen.transport.seal`) every frame, in both
+directions, is a sealed frame: its payload encrypted, header and payload authenticated, in counter order.
+
 Invariant: a receive slot is marked empty before each receive and full only after its frame verified; a
 message is read from a slot only while the slot is full and holds that message's stamp.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 import msgpack
 import numpy as np
@@ -25,6 +29,7 @@ import numpy as np
 from p2pgen.errors import PeerLost, ProtocolError
 from p2pgen.transport import frame
 from p2pgen.transport.connection import sendmsg_all
+from p2pgen.transport.seal import OVERHEAD, Seal, SealError
 
 OPEN, LOG, DATA, ACK = 16, 17, 18, 19     # frame kinds; the transport's own kinds are 1 and 2
 RAW, ARRAY = 0, 1                          # DATA encodings, carried in the header's `chunk` field
@@ -62,25 +67,55 @@ def decode_array(view: memoryview) -> np.ndarray:
     return np.frombuffer(view[_META.size + n:], dtype=np.dtype(dtype)).reshape(shape)
 
 
-def write_frame(sock: socket.socket, kind: int, stamp: Stamp, op_seq: int, chunk: int, payload) -> None:
-    header = frame.pack_header(kind, stamp.tag, stamp.generation, stamp.incarnation, op_seq, chunk, payload)
-    sendmsg_all(sock, [header, payload])
+def write_frame(sock: socket.socket, kind: int, stamp: Stamp, op_seq: int, chunk: int, payload,
+                seal: Seal | None = None) -> None:
+    """Write one frame (sealed when `seal` is given: one writer per connection at a time)."""
+    if seal is None:
+        header = frame.pack_header(kind, stamp.tag, stamp.generation, stamp.incarnation, op_seq, chunk, payload)
+        sendmsg_all(sock, [header, payload])
+        return
+    header = frame.pack_header(kind, stamp.tag, stamp.generation, stamp.incarnation, op_seq, chunk, payload,
+                               frame.SEALED_DIGEST)
+    sendmsg_all(sock, seal.seal_frame(header, payload))
 
 
-def send_control(sock: socket.socket, kind: int, stamp: Stamp, body: dict) -> None:
-    write_frame(sock, kind, stamp, 0, 0, msgpack.packb(body))
+def send_control(sock: socket.socket, kind: int, stamp: Stamp, body: dict, seal: Seal | None = None) -> None:
+    write_frame(sock, kind, stamp, 0, 0, msgpack.packb(body), seal)
 
 
-def recv_control(sock: socket.socket, kind: int, stamp: Stamp) -> dict:
+def frame_bytes(length: int, seal: Seal | None) -> int:
+    """Bytes on the wire of a frame with `length` payload bytes."""
+    return frame.HEADER_BYTES + length + (OVERHEAD if seal is not None else 0)
+
+
+def read_payload(read: Callable[[memoryview], None], raw, h: frame.Header, view: memoryview,
+                 seal: Seal | None) -> None:
+    """Read (with `read`, which fills a view) the payload of the frame whose header `raw` was read into `view`,
+    decrypted if sealed, and check it; Rejected("bad_checksum" / "bad_seal" / "replayed") if it does not
+    verify."""
+    if seal is None:
+        read(view)
+        if not frame.verify(raw, view, h):
+            raise Rejected("bad_checksum", f"frame kind {h.kind} op_seq {h.op_seq}: checksum mismatch (a torn or "
+                                           "corrupt frame)")
+        return
+    try:
+        seal.open_frame(raw, h.length, read, view)
+    except SealError as e:
+        raise Rejected(e.reason, f"frame kind {h.kind} op_seq {h.op_seq} of generation {h.generation}: "
+                                 f"{e.detail}") from None
+    if not frame.verify_digest(raw, frame.SEALED_DIGEST, h):
+        raise Rejected("bad_checksum", f"frame kind {h.kind} op_seq {h.op_seq}: header checksum mismatch")
+
+
+def recv_control(sock: socket.socket, kind: int, stamp: Stamp, seal: Seal | None = None) -> dict:
     """Read one control frame of `kind` stamped exactly `stamp`; Rejected (a ProtocolError, with the reason
     to count it under) on anything else: a replayed frame of another generation or incarnation says so."""
     raw = bytearray(frame.HEADER_BYTES)
     read_exact(sock, memoryview(raw))
     h = parse_header(raw, MAX_CONTROL)
     body = bytearray(h.length)
-    read_exact(sock, memoryview(body))
-    if not frame.verify(raw, body, h):
-        raise Rejected("bad_checksum", "control frame failed its checksum")
+    read_payload(lambda v: read_exact(sock, v), raw, h, memoryview(body), seal)
     got = Stamp(h.job_tag, h.generation, h.incarnation)
     if h.kind != kind or got != stamp:
         reason = ("malformed" if h.kind != kind or got.tag != stamp.tag else

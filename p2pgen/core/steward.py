@@ -2,8 +2,10 @@
 level-triggered reconcile applies every turn (the driver performs them: Raft submits, process launches).
 
 Owns: when a dead application's next incarnation may start, when the agent owes a `ready` vote on its
-member's behalf, when it may start a warm standby (`p2pgen join --standby 1`), and when a member asked to
-leave must first hand the job's state over. Eviction is the machine's own `was_evicted`.
+member's behalf, when it may start a warm standby (`p2pgen join --standby 1`), when a member asked to
+leave must first hand the job's state over, and how a drain (a leave with a deadline: SIGTERM, a spot notice)
+goes: hand the state over, then stop the application at a step boundary, then leave, each bounded so that the
+agent is gone by the deadline. Eviction is the machine's own `was_evicted`.
 Invariants kept:
 - a death is visible in the history as its own certified generation: the next incarnation starts once the
   job certified a generation without the dead one, unless nobody can (no member left, or the pending proposal
@@ -19,7 +21,53 @@ Invariants kept:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from p2pgen.core.generation import GenerationMachine
+
+LEAVE_RESERVE_S = 10.0      # a drain leaves at the latest this long before its deadline (recording the leave)
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A drain under way (times on one monotonic clock): asked at `since`, the agent must be gone by
+    `deadline`; `hand_over_wait` is the longest it waits for another member to take the state (--regress-wait);
+    `app_asked`, when it asked its application to stop at the next step boundary (None: not yet)."""
+
+    since: float
+    deadline: float
+    hand_over_wait: float
+    app_asked: float | None = None
+
+    @property
+    def leave_by(self) -> float:
+        """When the agent stops waiting for anything and leaves."""
+        return max(self.since, self.deadline - LEAVE_RESERVE_S)
+
+
+def drain_step(drain: Drain, now: float, hand_over: bool, app_stoppable: bool) -> tuple[str, str]:
+    """The next move of a drain, with its reason: "stay" (the application trains on, holding the only copy of
+    state another member can take), "stop_app" (ask the application to stop at its next step boundary: it
+    finishes or abandons the step in flight, then exits, and the others go on without waiting for a detector),
+    "wait_app" (asked, not yet stopped) or "leave" (record the leave and go: nothing left to wait for, or no
+    time left).
+
+    Args:
+        drain: the drain under way.
+        now: the monotonic clock.
+        hand_over: `hand_over_due` holds (this peer alone holds steps another member can take).
+        app_stoppable: an application of this peer runs and takes its steps through p2pgen (attached), so it
+            can stop at a boundary.
+    """
+    if now >= drain.leave_by:
+        return "leave", "the drain's deadline is near: leave now"
+    if hand_over and now < drain.since + drain.hand_over_wait:
+        return "stay", "this peer alone holds steps of the job's state that another member can take"
+    if not app_stoppable:
+        return "leave", "no application of this peer takes steps: nothing to stop at a boundary"
+    if drain.app_asked is None:
+        return "stop_app", "the application stops at its next step boundary"
+    return "wait_app", "the application finishes its step in flight"
 
 
 def relaunch_due(machine: GenerationMachine, identity: tuple[str, int], now: float, due: float) -> bool:

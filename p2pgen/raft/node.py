@@ -146,6 +146,7 @@ class RaftNode:
         self._trace = trace or Trace(None, "", "", "")
         self._inbox: queue.Queue[_Request] = queue.Queue()
         self._requests: dict[str, _Request] = {}
+        self._answered: list[tuple[_Request, object]] = []   # succeeded this turn: answered once published
         self._handed_over = False                 # a request went to SyncObj this turn: tick again at once
         self._tick_left_work = False              # the tick's last poll handled messages: tick again at once
         self._hasten: str | None = None           # a leader id proven dead (another thread sets it; see hasten_election)
@@ -206,6 +207,12 @@ class RaftNode:
     def view(self) -> RaftView | None:
         return self._view
 
+    def wake_waiters(self) -> None:
+        """Make every `wait_view` re-check its predicate now (its predicate also reads something other than the
+        view, which just changed)."""
+        with self._view_changed:
+            self._view_changed.notify_all()
+
     def wait_view(self, predicate: Callable[[RaftView], bool], timeout: float) -> RaftView | None:
         """Block until a published view satisfies `predicate`; return it (or None on timeout)."""
         deadline = time.monotonic() + timeout
@@ -260,6 +267,7 @@ class RaftNode:
             if index:
                 self._record("applied", self.node_id, index=index, term=term, hash=digest)
             self._trace.flush()
+            self._answer_published()
             for request in list(self._requests.values()):
                 request.future.set_exception(RaftUnavailable("raft node stopped"))
             self._requests.clear()
@@ -278,6 +286,7 @@ class RaftNode:
         self._drain_inbox()
         self._drive_requests()
         self._publish()
+        self._answer_published()
         self._trace.maybe_flush()
         return self._wait_s()
 
@@ -438,10 +447,19 @@ class RaftNode:
         return False
 
     def _finish(self, request: _Request, result=None, error: BaseException | None = None) -> None:
+        """Answer a request; a success only once the view that holds it is published (`_answer_published`), so
+        that a caller whose submit returned reads a view with its command applied (it may act on that view at
+        once, as a leaving agent deciding on a hand-over does). pysyncobj calls back before it counts the entry
+        as applied, so the answer waits for this turn's publication."""
         self._requests.pop(request.request_id, None)
         if error is not None:
             request.future.set_exception(error)
         else:
+            self._answered.append((request, result))
+
+    def _answer_published(self) -> None:
+        answered, self._answered = self._answered, []
+        for request, result in answered:
             request.future.set_result(result)
 
     def _publish(self) -> None:

@@ -52,6 +52,7 @@ from p2pgen.state.shared import (DIGEST_BLOCK, Manifest, SharedState, block_coun
                                  block_of_chunk, digest_of_blocks, manifest_digest)
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 from p2pgen.transport import handshake
+from p2pgen.transport.seal import Seal
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class PullConfig:
     connect_timeout: float = 10.0     # connect + handshake
     op_timeout: float = 60.0          # one blocked receive; a stopped source is given up after this
     in_place: bool = True             # receive straight into contiguous CPU tensors, not into staging
+    encrypt: bool = False             # seal the connections to the sources (--encrypt; the sources must too)
 
 
 @dataclass(frozen=True)
@@ -273,17 +275,18 @@ class _Pull:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = handshake.Hello(self.job, self.generation, self.me, (source.peer_id, source.incarnation),
-                                    auth.new_nonce())
-            handshake.dial(sock, self.key, hello)
+                                    auth.new_nonce(), self.config.encrypt)
+            keys = handshake.dial(sock, self.key, hello)
             sock.settimeout(self.config.op_timeout)
         except BaseException:
             sock.close()
             raise
         return sock, wire.FrameReceiver(sock, self.job, self.generation, (source.peer_id, source.incarnation),
-                                        self.config.max_frame_bytes, self.counters)
+                                        self.config.max_frame_bytes, self.counters,
+                                        seal=Seal(keys) if keys is not None else None)
 
     def _manifest(self, sock: socket.socket, rx: wire.FrameReceiver, source: Source) -> Manifest:
-        wire.send_request(sock, {"op": "manifest"})
+        rx.request({"op": "manifest"})
         raw = rx.recv(wire.MANIFEST, 0, 0)
         try:
             manifest = Manifest.from_wire(msgpack.unpackb(raw))
@@ -388,7 +391,7 @@ class _Pull:
 
     def _fetch_objects(self, sock: socket.socket, rx: wire.FrameReceiver, source: Source) -> None:
         m = self.plan.manifest
-        wire.send_request(sock, {"op": "objects"})
+        rx.request({"op": "objects"})
         raw = bytes(rx.recv(wire.OBJECTS, 0, 0, memoryview(bytearray(m.objects_nbytes))))
         if xxhash.xxh3_128(raw).hexdigest() != m.objects_digest:
             self._mismatch(f"objects from {source.peer_id} do not hash to the manifest's objects digest")
@@ -398,7 +401,7 @@ class _Pull:
                       done: list[int]) -> None:
         t, first, count = item
         cb = self.config.chunk_bytes
-        wire.send_request(sock, {"op": "get", "t": t, "first": first, "count": count, "cb": cb})
+        rx.request({"op": "get", "t": t, "first": first, "count": count, "cb": cb})
         buf = self._staging(t)
         for c in range(first, first + count):
             view = memoryview(buf)[c * cb:(c + 1) * cb]

@@ -6,7 +6,9 @@ its requests (see `p2pgen.state.wire`).
 Invariants:
 - Only a puller that proved the job secret (handshake with the "state" key, I8), addressed this exact
   incarnation (I3) and that `authorize(peer_id, incarnation, generation)` accepts as a member of the
-  generation being formed is answered; every other connection is refused and counted.
+  generation being formed is answered; every other connection is refused and counted. With
+  `ServerConfig.encrypt` every request and frame is sealed (`p2pgen.transport.seal`) and a puller that
+  does not seal is refused ("encryption_mismatch").
 - Data is served only inside `serving(generation)`, the window in which the application is quiesced
   and does not touch its state, so every byte sent belongs to the one snapshot whose manifest was
   taken on entry. A torch tensor whose `_version` moved since then is refused ("mutated"); a numpy
@@ -35,6 +37,7 @@ from p2pgen.state import tensors as tz
 from p2pgen.state import wire
 from p2pgen.state.shared import Manifest, SharedState, block_of_chunk, objects_bytes
 from p2pgen.transport import handshake
+from p2pgen.transport.seal import Seal
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class ServerConfig:
     idle_timeout: float = 60.0        # a connection with no request for this long is closed
     wait_for_window: float = 30.0     # how long a request waits for `serving(its generation)`
     close_timeout: float = 10.0       # how long leaving the window waits for sending threads
+    encrypt: bool = False             # seal every connection (--encrypt); pullers without it are refused
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ class StateServer:
     def _handshake(self, sock: socket.socket) -> handshake.Hello | None:
         sock.settimeout(self.config.handshake_timeout)
         try:
-            return handshake.accept(sock, self._key, self.job, self.me, self._decide)
+            return handshake.accept(sock, self._key, self.job, self.me, self._decide, self.config.encrypt)
         except handshake.HandshakeRejected as e:
             self.counters.add(e.reason)
             log.warning("state server %s refused a puller: %s", self.me, e)
@@ -173,9 +177,10 @@ class StateServer:
 
     def _answer(self, sock: socket.socket, hello: handshake.Hello) -> None:
         sock.settimeout(self.config.idle_timeout)
-        out = wire.FrameSender(sock, self.job, hello.generation, self.me[1])
+        sealed = Seal(hello.keys) if hello.keys is not None else None
+        out = wire.FrameSender(sock, self.job, hello.generation, self.me[1], sealed)
         try:
-            while (req := wire.recv_request(sock)) is not None:
+            while (req := wire.recv_request(sock, sealed)) is not None:
                 self._serve(out, self._window_for(hello.generation), req)
         except wire.Refused as e:
             self.counters.add(e.reason)

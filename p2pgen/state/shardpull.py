@@ -31,6 +31,7 @@ from p2pgen.state.shared import SharedState
 from p2pgen.state.sharded import ShardMismatch
 from p2pgen.state.wire import StateSyncError
 from p2pgen.transport import handshake, hooks
+from p2pgen.transport.seal import Seal
 
 
 @dataclass
@@ -95,15 +96,15 @@ def _fetch(source: Source, object_id: str, index: int, nbytes: int, key: bytes, 
     sock = socket.create_connection((source.host, source.port), timeout=config.connect_timeout)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        handshake.dial(sock, key, handshake.Hello(job, generation, me, (source.peer_id, source.incarnation),
-                                                  auth.new_nonce()))
+        keys = handshake.dial(sock, key, handshake.Hello(job, generation, me, (source.peer_id, source.incarnation),
+                                                         auth.new_nonce(), config.encrypt))
         sock.settimeout(config.op_timeout)
         rx = wire.FrameReceiver(sock, job, generation, (source.peer_id, source.incarnation), config.max_frame_bytes,
-                                wire.Counters(), plane=hooks.SHARD)
+                                wire.Counters(), plane=hooks.SHARD, seal=Seal(keys) if keys is not None else None)
         cb = config.chunk_bytes
         n = wire.chunk_count(nbytes, cb)
         buf = np.empty(nbytes, np.uint8)
-        wire.send_request(sock, {"op": "shard_get", "o": object_id, "i": index, "first": 0, "count": n, "cb": cb})
+        rx.request({"op": "shard_get", "o": object_id, "i": index, "first": 0, "count": n, "cb": cb})
         for c in range(n):
             rx.recv(wire.CHUNK, index, c, memoryview(buf)[c * cb:(c + 1) * cb])
         return buf

@@ -12,9 +12,13 @@ MAX_REQUEST bytes) and the source answers with `p2pgen.transport.frame` frames s
                                                    manifest), chunk c..c+n-1, each cb bytes (last: the rest)
     any refusal                                 -> ERROR frame, payload msgpack {"reason", "detail"}; closed
 
+On a sealed connection (`--encrypt`: the handshake agreed on it and keyed it, `p2pgen.transport.seal`)
+every request is a sealed message and every frame a sealed frame, in both directions.
+
 Invariant: a frame is accepted only if its length is within bound and equals the one expected, its
-checksum verifies and its stamp is exactly the expected (job, generation, incarnation, kind, op_seq,
-chunk); otherwise the connection is dropped and the refusal counted under one reason.
+checksum verifies (and, sealed, its tag and counter) and its stamp is exactly the expected (job,
+generation, incarnation, kind, op_seq, chunk); otherwise the connection is dropped and the refusal counted
+under one reason.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import msgpack
 
 from p2pgen.errors import P2PGenError, PeerLost, ProtocolError
 from p2pgen.transport import frame, hooks
+from p2pgen.transport.seal import OVERHEAD, Seal, SealError
 
 MANIFEST, OBJECTS, CHUNK, ERROR = 16, 17, 18, 19   # frame kinds; the data plane uses 1 and 2
 MAX_REQUEST = 64 << 10
@@ -34,7 +39,8 @@ KEY_PURPOSE = "state"
 _LEN = struct.Struct(">I")
 
 REASONS = ("auth_failed", "not_member", "wrong_incarnation", "stale_generation", "not_serving", "mutated",
-           "malformed", "oversized", "truncated", "bad_checksum", "digest_mismatch", "wrong_frontier")
+           "malformed", "oversized", "truncated", "bad_checksum", "digest_mismatch", "wrong_frontier", "bad_seal",
+           "replayed", "encryption_mismatch")
 
 
 class StateSyncError(P2PGenError):
@@ -81,21 +87,26 @@ def chunk_count(nbytes: int, chunk_bytes: int) -> int:
     return max(1, -(-nbytes // chunk_bytes))
 
 
-def send_request(sock: socket.socket, msg: dict) -> None:
+def send_request(sock: socket.socket, msg: dict, seal: Seal | None = None) -> None:
     body = msgpack.packb(msg)
-    sock.sendall(_LEN.pack(len(body)) + body)
+    sock.sendall(_LEN.pack(len(body)) + body if seal is None else seal.seal_message(body))
 
 
-def recv_request(sock: socket.socket) -> dict | None:
-    """The next request, or None if the puller closed the connection between requests."""
+def recv_request(sock: socket.socket, seal: Seal | None = None) -> dict | None:
+    """The next request (a sealed message when `seal` is given), or None if the puller closed the connection
+    between requests."""
     head = recv_exact(sock, _LEN.size, eof_ok=True)
     if head is None:
         return None
     (n,) = _LEN.unpack(head)
-    if n > MAX_REQUEST:
+    if n > MAX_REQUEST + (OVERHEAD if seal is not None else 0):
         raise Refused("oversized", f"request of {n} bytes (limit {MAX_REQUEST})")
     try:
-        msg = msgpack.unpackb(recv_exact(sock, n))
+        body = recv_exact(sock, n) if seal is None else seal.open_message(n, lambda v: recv_exact(sock, n, v))
+    except SealError as e:
+        raise Refused(e.reason, f"request: {e.detail}") from None
+    try:
+        msg = msgpack.unpackb(body)
     except (ValueError, msgpack.UnpackException) as e:
         raise Refused("malformed", f"request is not msgpack: {e}") from e
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
@@ -121,16 +132,23 @@ def recv_exact(sock: socket.socket, n: int, into: memoryview | None = None, eof_
 class FrameSender:
     """The source's side: frames stamped with the job, generation and the source's incarnation."""
 
-    def __init__(self, sock: socket.socket, job: str, generation: int, incarnation: int) -> None:
+    def __init__(self, sock: socket.socket, job: str, generation: int, incarnation: int,
+                 seal: Seal | None = None) -> None:
         self.sock = sock
+        self.seal = seal
         self._stamp = (frame.job_tag(job), generation, incarnation)
 
     def send(self, kind: int, op_seq: int, chunk: int, payload, payload_digest: int | None = None) -> None:
         """Send one frame; pass `payload_digest` only if it is the xxh3-64 of exactly these bytes (as
-        computed earlier): it then goes into the checksum without hashing the payload again."""
+        computed earlier): it then goes into the checksum without hashing the payload again (a sealed frame
+        carries no digest)."""
         tag, gen, inc = self._stamp
-        header = frame.pack_header(kind, tag, gen, inc, op_seq, chunk, payload, payload_digest)
-        views = [memoryview(header), memoryview(payload).cast("B")]
+        if self.seal is not None:
+            header = frame.pack_header(kind, tag, gen, inc, op_seq, chunk, payload, frame.SEALED_DIGEST)
+            views = [memoryview(b).cast("B") for b in self.seal.seal_frame(header, payload)]
+        else:
+            header = frame.pack_header(kind, tag, gen, inc, op_seq, chunk, payload, payload_digest)
+            views = [memoryview(header), memoryview(payload).cast("B")]
         while views:
             sent = self.sock.sendmsg(views)
             while sent and views:
@@ -152,14 +170,20 @@ class FrameReceiver:
     """The puller's side: checks every frame against the expected stamp before anyone uses it."""
 
     def __init__(self, sock: socket.socket, job: str, generation: int, source: tuple[str, int],
-                 max_frame_bytes: int, counters: Counters, plane: str = hooks.STATE) -> None:
+                 max_frame_bytes: int, counters: Counters, plane: str = hooks.STATE,
+                 seal: Seal | None = None) -> None:
         self.sock = sock
+        self.seal = seal
         self.source = source
         self.plane = plane             # what the frames are for, as frame hooks are told (state or shard pull)
         self._stamp = (frame.job_tag(job), generation, source[1])
         self._max = max_frame_bytes
         self._counters = counters
         self._hdr = bytearray(frame.HEADER_BYTES)
+
+    def request(self, msg: dict) -> None:
+        """Send the source a request on this connection (sealed if the connection is)."""
+        send_request(self.sock, msg, self.seal)
 
     def recv(self, kind: int, op_seq: int, chunk: int, into: memoryview | None = None) -> memoryview | bytes:
         """The payload of the next frame, which must be (kind, op_seq, chunk) and, with `into`, exactly
@@ -191,9 +215,9 @@ class FrameReceiver:
             self._source_refused(h)
         if into is not None and h.length != len(into):
             self._fail("malformed", f"frame of {h.length} bytes where {len(into)} were expected")
-        payload = recv_exact(self.sock, h.length, into)
+        payload = self._payload(h, into)
         payload_digest = frame.digest(payload)
-        if not frame.verify_digest(self._hdr, payload_digest, h):
+        if not frame.verify_digest(self._hdr, payload_digest if self.seal is None else frame.SEALED_DIGEST, h):
             self._fail("bad_checksum", f"checksum mismatch in frame op_seq={h.op_seq} chunk={h.chunk}")
         got = (h.job_tag, h.generation, h.incarnation, h.kind, h.op_seq, h.chunk)
         want = (*self._stamp, kind, op_seq, chunk)
@@ -203,8 +227,17 @@ class FrameReceiver:
             self._fail(reason, f"frame stamped (job_tag, gen, inc, kind, op_seq, chunk)={got}, expected {want}")
         return payload, payload_digest
 
+    def _payload(self, h: frame.Header, into: memoryview | None):
+        """The frame's payload (into `into` when given), decrypted and authenticated on a sealed connection."""
+        if self.seal is None:
+            return recv_exact(self.sock, h.length, into)
+        try:
+            return self.seal.open_frame(self._hdr, h.length, lambda v: recv_exact(self.sock, len(v), v), into)
+        except SealError as e:
+            self._fail(e.reason, e.detail)
+
     def _source_refused(self, h: frame.Header):
-        body = recv_exact(self.sock, h.length)
+        body = bytes(self._payload(h, None))
         try:
             msg = msgpack.unpackb(body)
             reason, detail = str(msg["reason"]), str(msg["detail"])
@@ -214,4 +247,5 @@ class FrameReceiver:
 
     def _fail(self, reason: str, detail: str):
         self._counters.add(reason)
-        raise ProtocolError(f"state frame from {self.source} rejected ({reason}): {detail}")
+        raise ProtocolError(f"state frame of generation {self._stamp[1]} from {self.source} rejected ({reason}): "
+                            f"{detail}")

@@ -9,7 +9,9 @@ first time a CUDA tensor is used) or staged through host memory. The ring's conn
 the rest when first used.
 
 Trust: the job secret is `$P2PGEN_SECRET_FILE`'s when set; otherwise rank 0 draws one and shares it
-through the store, so the data plane is as private as torch's store (as with gloo). Timeouts: torch's
+through the store, so the data plane is as private as torch's store (as with gloo). `$P2PGEN_ENCRYPT=1` on every
+rank seals the ring's links (`p2pgen.transport.seal`; with a secret from the store they are then as private
+as the store, so give a `$P2PGEN_SECRET_FILE` too). Timeouts: torch's
 `timeout` bounds connecting and every blocked socket call (there is no failure detector in a fixed group:
 a dead member fails the collectives in flight with PeerLost, and the group stays failed).
 The advertised address is `$P2PGEN_HOST`, else the local address that reaches the TCPStore's host (127.0.0.1
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 from p2pgen.auth import read_secret_file
 from p2pgen.collectives.staged import HostStagedBackend
 from p2pgen.collectives.tcp import TcpBackend
-from p2pgen.transport import Endpoint, Group, Transport, TransportConfig
+from p2pgen.transport import Endpoint, Group, Transport, TransportConfig, seal
 
 GENERATION = 1
 
@@ -37,7 +39,7 @@ def rendezvous(store: Any, rank: int, size: int, timeout: timedelta, name: str) 
     secret = read_secret_file(None) or _shared_secret(store, rank, timeout)
     job = f"torch-{name}"
     host = os.environ.get("P2PGEN_HOST") or _local_address(store)
-    config = TransportConfig(connect_timeout=seconds, op_timeout=seconds)
+    config = TransportConfig(connect_timeout=seconds, op_timeout=seconds, encrypt=seal.from_env(os.environ))
     transport = Transport(job, secret, f"rank{rank}", int.from_bytes(os.urandom(6), "big") or 1, host=host,
                           config=config)
     try:

@@ -18,6 +18,7 @@ class TransportConfig:
     op_timeout: float | None = 300.0     # backstop for one blocked socket call; the detector should act first
     abort_timeout: float = 5.0           # how long abort() waits for old-generation workers
     socket_buffer_bytes: int = 4 << 20   # SO_SNDBUF / SO_RCVBUF (0: leave the kernel's autotuning)
+    encrypt: bool = False                # seal every frame (AES-256-GCM, transport.seal); the same on every member
 
     def __post_init__(self) -> None:
         if self.max_frame_bytes < 1024:

@@ -14,6 +14,9 @@ Invariants:
 - Receive slots: the destination is marked empty before each receive and marked full only after a frame
   verified into it, so a torn, stale or corrupt frame is never consumed as data.
 - The socket is closed only after the sender thread has stopped, so no thread ever writes to a reused fd.
+- On a sealed connection (`seal`, `--encrypt`) every frame is encrypted on the thread that writes it and
+  decrypted before any check of its stamp; a frame that fails authentication or comes out of order is
+  counted (`bad_seal`, `replayed`) and closes the connection like a bad checksum.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import xxhash
 from p2pgen import faults
 from p2pgen.errors import PeerLost, ProtocolError
 from p2pgen.transport import frame, hooks
+from p2pgen.transport.seal import Seal, SealError
 from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
@@ -72,8 +76,9 @@ class Connection:
     def __init__(self, sock: socket.socket, *, job: str, generation: int, my_incarnation: int,
                  peer: tuple[str, int], rank: int, max_frame_bytes: int, op_timeout: float | None,
                  counters: RejectCounters, on_error: Callable[[Exception], None],
-                 addrs: tuple[str, str] | None = None) -> None:
+                 addrs: tuple[str, str] | None = None, seal: Seal | None = None) -> None:
         self.sock = sock
+        self._seal = seal              # None: frames go in the clear
         self._addrs = addrs            # (this end's, the peer's) data address, for injected partitions
         self.peer = peer
         self.rank = rank
@@ -116,7 +121,7 @@ class Connection:
         deadlocks.
         """
         header = frame.pack_header(kind, self._tag, self.generation, self._my_inc, op_seq, chunk, payload,
-                                   digest)
+                                   digest if self._seal is None else frame.SEALED_DIGEST)
         self._posted += 1
         ticket = self._posted
         if not inline:
@@ -168,7 +173,8 @@ class Connection:
                 self.shutdown()            # the peer's receive fails too, as when a route goes away
                 raise ConnectionResetError(f"partitioned from {self._addrs[1]} (fault injected through "
                                            f"${faults.ENV})")
-            sendmsg_all(self.sock, [header, memoryview(payload)])
+            sendmsg_all(self.sock, [header, memoryview(payload)] if self._seal is None
+                        else self._seal.seal_frame(header, payload))
         except OSError as e:
             self._send_error = PeerLost(f"sending to {self._who()} failed: {e!r}")
             self._on_error(self._send_error)
@@ -176,7 +182,8 @@ class Connection:
     # ---- receiving -----------------------------------------------------------------------------
     def recv_into(self, slot: RecvSlot, kind: int, op_seq: int, chunk: int) -> int:
         """Fill `slot` with the next frame stamped (kind, op_seq, chunk) of this generation; returns the
-        verified payload digest (pass it to `post` to forward these bytes unchanged).
+        verified payload digest (pass it to `post` to forward these bytes unchanged; a sealed connection
+        returns `frame.SEALED_DIGEST`, which its `post` ignores).
 
         Frames of another generation or incarnation are dropped and counted; any other mismatch is
         counted, closes the connection and raises ProtocolError. A closed peer raises PeerLost.
@@ -243,6 +250,12 @@ class Connection:
         one MSG_WAITALL receive (one wake-up, not one per skb) and hashed in one pass right after it
         landed: a frame is at most a few MiB, so it is still in cache (measured: cheaper than hashing
         each piece as it arrives, which also cost a Python call per piece)."""
+        if self._seal is not None:
+            try:
+                self._seal.open_frame(self._hdr, h.length, self._read_exact, dest)
+            except SealError as e:
+                self._fatal(e.reason, e.detail)
+            return frame.SEALED_DIGEST
         if dest is not None:
             self._read_exact(dest)
             return xxhash.xxh3_64_intdigest(dest)

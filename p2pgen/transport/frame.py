@@ -9,8 +9,10 @@ the payload, u64 little endian): a two-level hash that covers header and payload
 is caught like a flipped payload bit. The payload digest is separate so that a member forwarding bytes
 it received verbatim (ring all-gather, broadcast chain) re-stamps them without hashing the payload again:
 it sends the digest it verified on receipt, which the next member checks against the bytes it gets.
-`incarnation` is the sender's. Invariant: `length` is checked against the configured bound before any
-payload byte is read.
+`incarnation` is the sender's. On a sealed link (`p2pgen.transport.seal`, `--encrypt`) the payload is
+encrypted and the checksum is made with `SEALED_DIGEST` in place of the payload's digest: it covers the
+header alone, the AEAD tag covers header and payload, and no digest of the plaintext crosses the wire.
+Invariant: `length` is checked against the configured bound before any payload byte is read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _PREFIX = struct.Struct("<4sBBHQQQQII")
 _SUM = struct.Struct("<Q")
 PREFIX_BYTES = _PREFIX.size
 HEADER_BYTES = _PREFIX.size + _SUM.size
+SEALED_DIGEST = 0        # the payload digest a sealed frame's checksum is made with (see the module docstring)
 
 
 class FrameKind(enum.IntEnum):

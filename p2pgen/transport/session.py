@@ -26,6 +26,7 @@ from p2pgen.transport import handshake
 from p2pgen.transport.config import TransportConfig
 from p2pgen.transport.connection import Connection
 from p2pgen.transport.group import Group
+from p2pgen.transport.seal import LinkKeys, Seal
 from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class Session:
         peer = self.group.members[rank]
         deadline = time.monotonic() + self.config.connect_timeout
         hello = handshake.Hello(self.group.job, self.generation, self.group.me.identity, peer.identity,
-                                auth.new_nonce())
+                                auth.new_nonce(), self.config.encrypt)
         while True:
             sock = self._transport.new_socket()
             try:
@@ -110,8 +111,8 @@ class Session:
                 faults.refuse_connect(f"{peer.host}:{peer.port}", f"{self.group.me.host}:{self.group.me.port}")
                 sock.connect((peer.host, peer.port))
                 sock.settimeout(self.config.handshake_timeout)
-                handshake.dial(sock, self._transport.key, hello)
-                return self._connection(sock, rank)
+                keys = handshake.dial(sock, self._transport.key, hello)
+                return self._connection(sock, rank, keys)
             except OSError as e:
                 sock.close()
                 with self._cond:
@@ -124,13 +125,14 @@ class Session:
                 sock.close()
                 raise
 
-    def _connection(self, sock: socket.socket, rank: int) -> Connection:
+    def _connection(self, sock: socket.socket, rank: int, keys: LinkKeys | None) -> Connection:
         peer = self.group.members[rank]
         return Connection(sock, job=self.group.job, generation=self.generation,
                           my_incarnation=self.group.me.incarnation, peer=peer.identity, rank=rank,
                           max_frame_bytes=self.config.max_frame_bytes, op_timeout=self.config.op_timeout,
                           counters=self._transport.counters, on_error=self._fail,
-                          addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"))
+                          addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"),
+                          seal=Seal(keys) if keys is not None else None)
 
     def admission(self, dialer: tuple[str, int]) -> tuple[str, str] | int:
         """The dialer's rank, or (reason, detail) if it may not dial us in this generation."""
@@ -149,9 +151,10 @@ class Session:
                 return ("malformed", f"rank {rank} is already connected")
         return rank
 
-    def deliver(self, rank: int, sock: socket.socket) -> bool:
-        """Take an accepted connection from `rank`; False (caller closes it) if we can no longer use it."""
-        conn = self._connection(sock, rank)
+    def deliver(self, rank: int, sock: socket.socket, keys: LinkKeys | None = None) -> bool:
+        """Take an accepted connection from `rank` (with its keys, if sealed); False (caller closes it) if we
+        can no longer use it."""
+        conn = self._connection(sock, rank, keys)
         with self._cond:
             if self._error is None and rank not in self._links:
                 self._links[rank] = conn

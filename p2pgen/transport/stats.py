@@ -1,6 +1,10 @@
 """Counters of rejected frames, connections and packets, by reason; readable by tests, the step loop and
 `p2pgen show`.
 
+`bad_seal` and `replayed` count frames of sealed links (`--encrypt`, p2pgen.transport.seal) that failed
+authentication or came out of order; `encryption_mismatch` handshakes refused because the two ends' `--encrypt`
+settings differ.
+
 Invariant: every frame or connection the transport refuses is counted exactly once under one reason
 (I2, I3, I8 ask for rejections to be counted, never silently dropped).
 """
@@ -10,7 +14,7 @@ from __future__ import annotations
 import threading
 
 REASONS = ("stale_generation", "wrong_incarnation", "bad_checksum", "oversized", "truncated",
-           "auth_failed", "malformed", "not_member")
+           "auth_failed", "malformed", "not_member", "bad_seal", "replayed", "encryption_mismatch")
 
 
 class RejectCounters:

@@ -9,8 +9,8 @@ opened yet is parked until it does, and refused (closed, so its dialer's receive
 Invariants:
 - Generations opened here only go up (I2): `open_session(G)` requires G above every generation opened
   before, and aborts the older sessions first, so no connection of G-1 is open once G exists.
-- Only dialers that proved the job secret (I8) and are members of the generation with the listed
-  incarnation (I3) reach a session; every refusal is counted in `stats()`.
+- Only dialers that proved the job secret (I8), agree on `config.encrypt` and are members of the generation
+  with the listed incarnation (I3) reach a session; every refusal is counted in `stats()`.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class Transport:
         """The accepted connection's thread (run by the Listener): authenticate, then route it."""
         try:
             sock.settimeout(self.config.handshake_timeout)
-            hello = handshake.accept(sock, self.key, self.job, self.identity, self._decide)
+            hello = handshake.accept(sock, self.key, self.job, self.identity, self._decide, self.config.encrypt)
         except handshake.HandshakeRejected as e:
             self.counters.add(e.reason)
             log.warning("refused a data connection (%s): %s", e.reason, e.detail)
@@ -168,7 +168,7 @@ class Transport:
         verdict = session.admission(hello.dialer)
         if isinstance(verdict, tuple):
             self._refuse(sock, *verdict)
-        elif not session.deliver(verdict, sock):
+        elif not session.deliver(verdict, sock, hello.keys):
             self.counters.add("stale_generation")
 
     def _expire_parked(self) -> None:

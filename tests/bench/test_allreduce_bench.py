@@ -48,3 +48,24 @@ def test_cli_without_shared_memory_takes_the_ring(capsys):
     assert rc == 0
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["path"] == "ring" and row["gloo_s"] is None
+
+
+def test_sealed_table_has_both_p2pgen_columns_the_cost_ratio_and_the_cipher_rate():
+    row = allreduce.Row(1 << 20, 1 << 18, 0.010, None, path="ring", sealed_s=0.0105, seal_ratio_min=1.01,
+                        seal_ratio_max=1.09)
+    table = allreduce.format_table(4, [row], seal_rates=(4.5, 5.0))
+    assert "p2pgen plain" in table and "p2pgen sealed" in table and "torch gloo" not in table
+    assert table.splitlines()[3].split()[-3:] == ["1.050", "1.01..1.09", "ring"]
+    assert "encrypt 4.50 GB/s, decrypt 5.00 GB/s" in table
+
+
+@pytest.mark.slow               # a third group of worker processes: ~15 s on 2 cores
+@pytest.mark.timeout(90)
+def test_cli_encrypt_times_sealed_links_in_the_same_rounds(capsys):
+    rc = cli.main(["bench", "allreduce", "--world", "2", "--sizes", "128K", "--iters", "3", "--rounds", "2",
+                   "--no-gloo", "--no-shm", "--encrypt", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["rows"]
+    assert row["path"] == "ring" and row["sealed_s"] > 0 and 0 < row["seal_ratio_min"] <= row["seal_ratio_max"]
+    assert doc["aes256gcm_one_core_GBps"]["encrypt"] > 0

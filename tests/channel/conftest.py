@@ -12,6 +12,7 @@ from p2pgen import auth
 from p2pgen.channel import Channel, ChannelConfig, ChannelListener, Endpoint
 from p2pgen.channel.wire import LOG, OPEN, Stamp, recv_control, send_control
 from p2pgen.transport import frame, handshake
+from p2pgen.transport.seal import Seal
 
 JOB = "channel-test"
 SECRET = b"channel-test-secret-0123456789ab"
@@ -33,9 +34,9 @@ def open_listener(log_dir, incarnation: int = 1, config: ChannelConfig = FAST) -
 class Rig:
     """A listener plus the channels a test opens to it; everything is closed at teardown."""
 
-    def __init__(self, log_dir) -> None:
+    def __init__(self, log_dir, config: ChannelConfig = FAST) -> None:
         self.log_dir = log_dir
-        self.listener = open_listener(log_dir)
+        self.listener = open_listener(log_dir, config=config)
         self.rx = self.listener.receiver("prefill")
         self.closers = [self.listener.close]
 
@@ -49,8 +50,9 @@ class Rig:
         self.closers.insert(0, ch.close)
         return ch
 
-    def rogue(self, incarnation: int = 1, generation: int = 0, mode: str = "exactly_once") -> "Rogue":
-        r = Rogue(self.endpoint(), incarnation, generation, mode)
+    def rogue(self, incarnation: int = 1, generation: int = 0, mode: str = "exactly_once",
+              encrypt: bool = False) -> "Rogue":
+        r = Rogue(self.endpoint(), incarnation, generation, mode, encrypt)
         self.closers.insert(0, r.sock.close)
         return r
 
@@ -60,19 +62,25 @@ class Rig:
 
 
 class Rogue:
-    """A sender that passes the real handshake and OPEN/LOG exchange, then writes hand-made frames."""
+    """A sender that passes the real handshake and OPEN/LOG exchange, then writes hand-made frames (sealed with
+    the connection's keys, in counter order, when `encrypt`)."""
 
-    def __init__(self, target: Endpoint, incarnation: int, generation: int, mode: str) -> None:
+    def __init__(self, target: Endpoint, incarnation: int, generation: int, mode: str, encrypt: bool = False) -> None:
         self.sock = socket.create_connection((target.host, target.port), timeout=5)
         self.stamp = Stamp(frame.job_tag(JOB), generation, incarnation)
-        hello = handshake.Hello(JOB, generation, ("prefill", incarnation), target.identity, auth.new_nonce())
-        handshake.dial(self.sock, auth.derive_key(SECRET, JOB, "channel"), hello)
-        send_control(self.sock, OPEN, self.stamp, {"mode": mode})
-        self.log = recv_control(self.sock, LOG, Stamp(self.stamp.tag, generation, target.incarnation))
+        hello = handshake.Hello(JOB, generation, ("prefill", incarnation), target.identity, auth.new_nonce(), encrypt)
+        keys = handshake.dial(self.sock, auth.derive_key(SECRET, JOB, "channel"), hello)
+        self.seal = Seal(keys) if keys is not None else None
+        send_control(self.sock, OPEN, self.stamp, {"mode": mode}, self.seal)
+        self.log = recv_control(self.sock, LOG, Stamp(self.stamp.tag, generation, target.incarnation), self.seal)
 
     def frame(self, seq: int, payload: bytes, *, generation: int | None = None) -> bytes:
         gen = self.stamp.generation if generation is None else generation
-        return frame.pack_header(18, self.stamp.tag, gen, self.stamp.incarnation, seq, 0, payload) + payload
+        if self.seal is None:
+            return frame.pack_header(18, self.stamp.tag, gen, self.stamp.incarnation, seq, 0, payload) + payload
+        header = frame.pack_header(18, self.stamp.tag, gen, self.stamp.incarnation, seq, 0, payload,
+                                   frame.SEALED_DIGEST)
+        return b"".join(bytes(b) for b in self.seal.seal_frame(header, payload))
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)

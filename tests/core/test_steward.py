@@ -135,3 +135,25 @@ def test_a_leaver_without_a_copy_above_the_others_leaves_at_once():
     m.apply(Ready(m.pending.generation, "b", 1, "proved", 7, "d7", at=2.0), LogPosition(1, 7))
     assert m.active.generation > generation
     assert not hand_over_due(m, ("a", None), now=3.0, local=(5, generation))   # b went on past a's copy
+
+
+def test_a_drain_hands_over_then_stops_the_application_at_a_boundary_then_leaves():
+    from p2pgen.core.steward import LEAVE_RESERVE_S, Drain, drain_step
+
+    drain = Drain(since=100.0, deadline=125.0, hand_over_wait=20.0)
+    assert drain.leave_by == 125.0 - LEAVE_RESERVE_S
+    assert drain_step(drain, 101.0, hand_over=True, app_stoppable=True)[0] == "stay"
+    assert drain_step(drain, 101.0, hand_over=False, app_stoppable=True)[0] == "stop_app"
+    asked = Drain(100.0, 125.0, 20.0, app_asked=101.0)
+    assert drain_step(asked, 102.0, hand_over=False, app_stoppable=True)[0] == "wait_app"
+    assert drain_step(asked, 102.0, hand_over=False, app_stoppable=False)[0] == "leave"   # it stopped
+    assert drain_step(drain, 101.0, hand_over=True, app_stoppable=False)[0] == "stay"     # restarting to hand over
+    late = drain_step(drain, 115.0, hand_over=True, app_stoppable=True)
+    assert late == ("leave", "the drain's deadline is near: leave now")               # the deadline wins
+
+
+def test_a_drain_whose_deadline_is_already_near_leaves_at_once():
+    from p2pgen.core.steward import Drain, drain_step
+
+    assert Drain(since=50.0, deadline=52.0, hand_over_wait=20.0).leave_by == 50.0
+    assert drain_step(Drain(50.0, 52.0, 20.0), 50.0, hand_over=True, app_stoppable=True)[0] == "leave"

@@ -201,6 +201,10 @@ def test_a_leaver_hands_over_the_local_copy_the_job_waits_for_before_it_goes(clu
     assert cluster.agents["p0"].proc.returncode == 0, cluster.logs()
     _, history = wait_certificate(cluster, addrs[1], lambda c: [m["peer_id"] for m in c["members"]] == ["p1"]
                                   and c["frontier"]["revision"] >= 30, 60, "p1 alone from p0's copy on")
+    drained = [Path(p) for p in glob.glob(str(run_env["summaries"] / "p0-*.json"))]
+    assert len(drained) == 1, drained              # the drain stopped p0#2 at a step boundary: it exited cleanly
+    assert 30 <= json.loads(drained[0].read_text())["revision"] < steps
+    drained[0].unlink()
     finish(cluster, run_env["summaries"], steps, peers=["p1"])
 
     assert all(c["regressed_from"] is None for c in history), [c["recovery"] for c in history]

@@ -44,3 +44,21 @@ def test_a_resubmitted_registration_is_traced_once_and_the_checker_passes(tmp_pa
     assert sorted(registered) == sorted((node, "p7", inc) for node in ids for inc in (3, 4))
     result = checker.check_dir(tmp_path)
     assert result.counts["register_once"] == 0 and result.checked["registrations"] == 2
+
+
+def test_a_submit_that_returned_is_in_the_view_the_submitter_reads_next():
+    """pysyncobj answers a command before it counts the entry as applied; the node answers only once the view
+    holding it is published, so a caller that acts on its own command's effect (a leaving agent judging a
+    hand-over right after reporting its application's death) never reads the view before it."""
+    ports = free_control_ports(1)
+    ids = [new_node_id(f"127.0.0.1:{ports[0] + 1}")]
+    node = RaftNode("j", ids[0], ids, SECRET)
+    try:
+        node.start()
+        assert node.wait_view(lambda v: v.leader is not None and v.ready, 10) is not None
+        for inc in range(1, 40):
+            outcome = node.submit(Register("p7", inc, (("agent", "127.0.0.1:20000"),), at=float(inc)), timeout=5)
+            assert outcome.ok
+            assert node.view().machine.last_incarnation.get("p7") == inc, inc
+    finally:
+        node.stop()

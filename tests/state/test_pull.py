@@ -70,13 +70,13 @@ def test_pull_fetches_only_the_differing_tensors(servers):
 def test_several_sources_share_the_transfer(servers):
     src_a, src_b, dst = make_state(2, 2 << 20), make_state(2, 2 << 20), make_state(9, 2 << 20)
     a, b = Serving(servers(src_a, ("p0", 1))), Serving(servers(src_b, ("p1", 1)))
-    p1_delivered = threading.Event()
+    delivered = {"p0": threading.Event(), "p1": threading.Event()}
 
-    def hold_p0_until_p1_delivered(source, nbytes):   # else a fast p0 may take every batch first
-        if source.peer_id == "p1":
-            p1_delivered.set()
-        assert p1_delivered.wait(10), "p1 never got a batch while p0 was busy"
-    report = pull(dst, [a, b], on_chunk=hold_p0_until_p1_delivered)
+    def hold_each_until_the_other_delivered(source, nbytes):   # else a fast source may take every batch first
+        delivered[source.peer_id].set()
+        other = "p1" if source.peer_id == "p0" else "p0"
+        assert delivered[other].wait(10), f"{other} never got a batch while {source.peer_id} was held"
+    report = pull(dst, [a, b], on_chunk=hold_each_until_the_other_delivered)
     assert set(report.bytes_by_source) == {"p0", "p1"} and min(report.bytes_by_source.values()) > 0
     assert report.bytes_total == sum(src_a.tensors[n].nbytes for n in report.tensors_fetched)
     assert dst.digest() == src_a.digest()

@@ -56,7 +56,9 @@ def _sharded(values: list[float], held: list[int]) -> SharedState:
     return state
 
 
-def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers):
+@pytest.mark.parametrize("encrypt", [False, True], ids=["plain", "sealed"])
+def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers, encrypt):
+    from p2pgen.state import ServerConfig
     from p2pgen.state.pull import PullConfig
     from p2pgen.state.shardpull import pull_shards
     from tests.state.helpers import JOB, SECRET, source_of
@@ -64,7 +66,8 @@ def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers):
     stale = _sharded([1, 2, 9, 9, 5, 6], [1])             # an older revision's copy of shard 1
     puller = _sharded([0] * 6, [0])
     digest = good.sharded["adam"].digest(1)
-    s_stale, s_good = servers(stale, ("stale", 1)), servers(good, ("good", 1))
+    sealed = ServerConfig(encrypt=encrypt)
+    s_stale, s_good = servers(stale, ("stale", 1), config=sealed), servers(good, ("good", 1), config=sealed)
     chunks: list[tuple[str, int, int]] = []
     remove = hooks.add_frame_hook(lambda e: chunks.append((e.peer[0], e.chunk, e.nbytes))
                                   if e.plane == hooks.SHARD and e.kind == wire.CHUNK else None)
@@ -73,7 +76,7 @@ def test_pull_shards_in_chunks_skips_a_source_with_a_stale_copy(servers):
             pulls = [ShardPull("p", 1, "adam", 1, 8, ("stale", "good"), digest)]
             report = pull_shards(puller, pulls, {"stale": source_of(s_stale), "good": source_of(s_good)}, job=JOB,
                                  secret=SECRET, me=("p", 1), generation=3, frontier_revision=7,
-                                 config=PullConfig(chunk_bytes=3))
+                                 config=PullConfig(chunk_bytes=3, encrypt=encrypt))
     finally:
         remove()
     assert chunks == [(src, c, n) for src in ("stale", "good") for c, n in ((0, 3), (1, 3), (2, 2))]  # frame hook

@@ -22,8 +22,8 @@ CONFIG = TransportConfig(max_frame_bytes=64 << 10, chunk_bytes=16 << 10, connect
 class Target:
     """The honest member: rank 1 of `generation`, with the rogue listed as rank 0."""
 
-    def __init__(self) -> None:
-        self.transport = open_transport(JOB, SECRET, "peer1", 2000, CONFIG)
+    def __init__(self, config: TransportConfig = CONFIG) -> None:
+        self.transport = open_transport(JOB, SECRET, "peer1", 2000, config)
         self.backend: TcpBackend | None = None
 
     def open(self, generation: int) -> TcpBackend:
