@@ -21,6 +21,7 @@ import pytest
 
 from p2pgen.testing import netns
 from p2pgen.testing.agents import active, free_control_ports
+from tests.integration.apps.exact_train import reference
 
 ZONES = ("east", "west", "east", "west")
 
@@ -85,8 +86,7 @@ def test_agents_on_shaped_hosts_probe_reorder_and_train_hierarchically(cluster, 
         finals = [json.loads(p.read_text()) for p in tmp_path.glob("p*.json")]
         assert sorted(f["peer"] for f in finals) == ["p0", "p1", "p2", "p3"]
         assert {f["revision"] for f in finals} == {steps} and revision_then < steps
-        from tests.integration.apps.exact_train import reference
-        assert all(np.array_equal(f["w"], reference(steps)) for f in finals), "not the serial history (I5)"
+        assert all(np.array_equal(f["w"], reference(steps, size)) for f in finals), "not the serial history (I5)"
     finally:
         cluster.stop_all()
         hosts.remove()
