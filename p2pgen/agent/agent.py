@@ -5,16 +5,18 @@ special; `raftmember`), registers the peer's current incarnation, votes `ready` 
 not speak the protocol itself, reports deaths (of its own application at once, from the OS; of other hosts from
 missed heartbeats or from a new process announcing itself at their address), restarts its application as a new
 incarnation (the warm standby promoted when it keeps one, `--standby 1`), keeps the voter set healthy while
-its node leads (`voters`), and serves `show`, `history` and the application's local API.
+its node leads (`voters`), measures the links from its host to the job's other hosts (`probe`), and serves
+`show`, `history` and the application's local API.
 
 Threads: the RPC server (one thread per connection), the Raft node(s), the heartbeat runner, the voter manager,
-waitpid waiters, and the *driver*, the only thread that decides about this peer's member (register it, relaunch
-its application, vote for an application that did not attach, react to its eviction): it consumes events and
-the latest Raft view, level-triggered (it compares the replicated state with what it wants, every turn). Other
-threads act on Raft too, on request: an RPC thread submits its application's commands and prepares a voter
-node when the leader's voter manager asks (`prepare_voter`), and the voter manager changes the voter set while
-this agent's node leads. The driver never blocks for long: registrations, votes and relaunches are retried on
-its next turn, so an event (a leave, an exit) is always handled within a turn.
+the link prober, waitpid waiters, and the *driver*, the only thread that decides about this peer's member
+(register it, relaunch its application, vote for an application that did not attach, react to its eviction): it
+consumes events and the latest Raft view, level-triggered (it compares the replicated state with what it wants,
+every turn). Other threads act on Raft too, on request: an RPC thread submits its application's commands and
+prepares a voter node when the leader's voter manager asks (`prepare_voter`), the voter manager changes the
+voter set while this agent's node leads, and the link prober records the rates it measured. The driver never
+blocks for long: registrations, votes and relaunches are retried on its next turn, so an event (a leave, an
+exit) is always handled within a turn.
 Invariants kept:
 - I3: every incarnation this agent registers is new (the last one seen in the replicated state + 1); an
   incarnation it learns was evicted is never used again: the application is killed and restarted once;
@@ -39,6 +41,7 @@ from p2pgen import faults
 from p2pgen.agent import notice
 from p2pgen.agent.client import STANDBY_POLL_S
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
+from p2pgen.agent.probe import PROBE_BYTES, LinkProber, serve_probe
 from p2pgen.agent.raftmember import JoinError, RaftMembership, control_addr_of
 from p2pgen.agent.rpc import RpcServer, split_addr
 from p2pgen.agent.statedir import StateDirConfig
@@ -46,7 +49,7 @@ from p2pgen.agent.supervisor import Application
 from p2pgen.agent.voters import VoterManager
 from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
-from p2pgen.core import Command, Configure, Kept, Leave, Outcome, Ready, Register, Suspect
+from p2pgen.core import Command, Configure, Kept, Leave, Links, Outcome, Ready, Register, Suspect
 from p2pgen.core.render import history_json, state_json
 from p2pgen.core.steward import Drain, alone_active, drain_step, hand_over_due, relaunch_due, standby_due, vote_owed
 from p2pgen.detect import DetectorConfig
@@ -102,6 +105,8 @@ class AgentConfig:
     trace_dir: str = ""                           # Raft safety trace (default: $P2PGEN_TRACE_DIR/raft, else none)
     state: StateDirConfig = field(default_factory=StateDirConfig)   # local copy, checkpoints, regression rule
     standby: int = 0                              # warm standby processes of the application kept ready (0 or 1)
+    zone: str = ""                                # the zone this host is in (`--zone`), registered with the member
+    probe_bytes: int = PROBE_BYTES                # first payload of a link probe request (0: never probe)
     drain_timeout: float = 25.0                   # a drain (SIGTERM, a notice) ends with the agent gone by then
     notice_file: str | None = None                # a spot notice appears here (None: not watched)
     notice_url: str | None = None                 # a spot-notice endpoint, polled (None: nothing is polled)
@@ -180,6 +185,8 @@ class Agent:
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
                                    self._leaving.is_set)
+        self.prober = LinkProber(self.addr, config.secret, config.job, self._machine, self._submit_links,
+                                 nbytes=config.probe_bytes)
         self.notices = notice.watcher(config.notice_file, config.notice_url, config.notice_interval,
                                       self._on_notice)
 
@@ -201,6 +208,7 @@ class Agent:
             if self._leave_requested.is_set():
                 return self.exit_code
             self.voters.start()
+            self.prober.start()
             self._admit_member()
             self._drive()
         finally:
@@ -238,6 +246,7 @@ class Agent:
         if self.app is not None:
             self.app.terminate(grace=2.0)
         self.voters.stop()
+        self.prober.stop()
         self.heartbeats.stop()
         self.membership.stop()
         self.rpc.stop()
@@ -275,8 +284,8 @@ class Agent:
             self._configured = self._submit(rules, "configure") is not None
             if not self._configured:
                 return
-        outcome = self._submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time()),
-                               f"register {self.config.peer_id}#{incarnation}")
+        outcome = self._submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time(),
+                                        zone=self.config.zone), f"register {self.config.peer_id}#{incarnation}")
         if outcome is None:
             return
         self._to_register = None
@@ -307,6 +316,18 @@ class Agent:
         if self.membership.waiting and self.membership.waiting.startswith(what):
             self.membership.done_waiting()
         return outcome
+
+    def _machine(self):
+        """The latest replicated state (None before this agent is part of the job)."""
+        view = self.membership.view()
+        return view.machine if view is not None else None
+
+    def _submit_links(self, command: Links) -> Outcome:
+        """The prober's report, through Raft (its own thread; RaftUnavailable when no quorum answers)."""
+        node = self.node
+        if node is None:
+            raise RaftUnavailable("this agent has no Raft node right now")
+        return node.submit(command, timeout=3 * SUBMIT_TIMEOUT_S)
 
     def _app_env(self, incarnation: int | None, standby: str | None = None) -> dict[str, str | None]:
         """The application's environment; a standby's has no incarnation yet, and names itself by its token."""
@@ -428,6 +449,7 @@ class Agent:
         """A node published a new view (an entry applied, a leader or term change): the driver and the voter
         manager look now. At most one driver wake-up is queued at a time."""
         self.voters.poke()
+        self.prober.poke()
         if not self._view_wake.is_set():
             self._view_wake.set()
             self._events.put(("view",))
@@ -775,7 +797,7 @@ class Agent:
             "reform": self._rpc_reform,
             "show": self._rpc_show, "history": self._rpc_history, "submit": self._rpc_submit,
             "wait": self._rpc_wait, "attach": self._rpc_attach, "leave": self._rpc_leave,
-            "standby": self._rpc_standby,
+            "standby": self._rpc_standby, "probe": serve_probe,
         }
 
     def _require_view(self) -> RaftView:

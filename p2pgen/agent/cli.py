@@ -18,8 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from p2pgen.agent.detectflags import add_detector_arguments, config_from_args
+from p2pgen.agent.probe import PROBE_BYTES
 from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, state_flags
 from p2pgen.auth import SecretError, load_secret, read_secret_file
+from p2pgen.core.topology import check_zone, rate
 
 NO_SECRET_TO_ENCRYPT = ("--encrypt needs a real job secret: give --secret-file (or $P2PGEN_SECRET_FILE); without "
                         "one the secret derives from the job name, and so would every key")
@@ -59,6 +61,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="keep N (0 or 1) warm standby processes of COMMAND: started without an incarnation, they "
                            "do their imports and wait in p2pgen.join(); when the application dies the standby is "
                            "promoted as its new incarnation and another standby is started (default 0)")
+    join.add_argument("--zone", default="", metavar="NAME",
+                      help="the zone this host is in (letters, digits, . _ -): members of one zone are ranked next "
+                           "to each other, and all_reduce goes hierarchical across 2+ zones of 2+ members "
+                           "(default: none; the measured link rates decide)")
+    join.add_argument("--probe-mib", type=float, default=PROBE_BYTES / (1 << 20), metavar="MIB",
+                      help="first payload of the few requests that measure the link to every other host of the "
+                           f"job (doubled up to 8 MiB on a fast link; default {PROBE_BYTES >> 20}; 0: never probe)")
     join.add_argument("--http", type=int, metavar="PORT",
                       help="serve a read-only HTML status page of the job on PORT (with --local: PORT, PORT+1, ... "
                            "for each agent)")
@@ -158,6 +167,9 @@ def cmd_join(args: argparse.Namespace) -> int:
         detector = config_from_args(args)
         state = state_config_from_args(args)
         secret = load_secret(args.secret_file, args.job)
+        bad_zone = check_zone(args.zone)
+        if bad_zone or args.probe_mib < 0:
+            raise ValueError(f"--zone: {bad_zone}" if bad_zone else "--probe-mib must be >= 0 (0: never probe)")
         if args.drain_timeout <= 0:
             raise ValueError(f"--drain-timeout {args.drain_timeout}: give a positive number of seconds")
         encrypt = _encrypt(args)
@@ -170,7 +182,8 @@ def cmd_join(args: argparse.Namespace) -> int:
                                   attach_grace=args.attach_grace, channel_dir=args.channel_dir, state=state,
                                   standby=args.standby, encrypt=encrypt, drain_timeout=args.drain_timeout,
                                   notice_file=args.notice_file, notice_url=args.notice_url,
-                                  notice_interval=args.notice_interval))
+                                  notice_interval=args.notice_interval, zone=args.zone,
+                                  probe_bytes=int(args.probe_mib * (1 << 20))))
     except (ValueError, SecretError) as e:
         print(f"p2pgen join: {e}", file=sys.stderr)
         return 2
@@ -300,10 +313,15 @@ def format_show(shown: dict[str, Any]) -> str:
         quiescence = {q["peer_id"]: q["quiescence"] for q in cert["quiescence"]}
         revisions = {r["peer_id"]: r["revision"] for r in cert["revisions"]}
         pulled = {p["peer_id"]: "checkpoint" if p.get("checkpoint") else "/".join(p["sources"]) for p in cert["pulled"]}
-        rows = [["rank", "peer", "incarnation", f"quiescence(g{cert['parent']})", "revision", "pulled from", "agent"]]
+        zoned = any(m.get("zone") for m in cert["members"])
+        rows = [["rank", "peer", "incarnation", f"quiescence(g{cert['parent']})", "revision", "pulled from", "agent"]
+                + (["zone"] if zoned else [])]
         rows += [[m["rank"], m["peer_id"], m["incarnation"], quiescence[m["peer_id"]], revisions[m["peer_id"]],
-                  pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")] for m in cert["members"]]
+                  pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")] + ([m.get("zone") or "-"] if zoned else [])
+                 for m in cert["members"]]
         lines += ["", _table(rows), ""]
+        if cert.get("topology") or state.get("links"):
+            lines += [*format_topology(cert, state.get("links", [])), ""]
         for d in cert["departed"]:
             lines.append(f"departed: {d['peer_id']}#{d['incarnation']}: {d['reason']}")
         if cert["divergence"]:
@@ -319,6 +337,33 @@ def format_show(shown: dict[str, Any]) -> str:
         if pending.get("hold"):
             lines.append(format_hold(pending["hold"]))
     return "\n".join(lines)
+
+
+def format_topology(cert: dict[str, Any], links: list[dict[str, Any]]) -> list[str]:
+    """Why the ranks are in this order (the certificate's topology: groups, slow crossings, the all_reduce path)
+    and the rates measured between the members' hosts (Mbit/s, the slower direction), as a matrix."""
+    topology, lines = cert.get("topology"), []
+    if topology:
+        groups = "; ".join(f"{g['name']}: {' '.join(g['members'])}" for g in topology["groups"])
+        lines += [f"rank order ({topology['source']}): {topology['reason']}",
+                  f"groups:   {groups}; all_reduce {'hierarchical' if topology['hierarchical'] else 'ring'}"]
+    hosts = sorted({_host(m) for m in cert["members"]} - {""})
+    rates = {(r["from"], r["to"]): r["mbps"] for r in links if r["from"] in hosts and r["to"] in hosts}
+    if rates:
+        rows = [["Mbit/s", *hosts]]
+        for a in hosts:
+            rows.append([a] + ["-" if a == b else _mbps(rate(rates, a, b)) for b in hosts])
+        lines += ["measured links:", _table(rows)]
+    return lines
+
+
+def _host(member: dict[str, Any]) -> str:
+    addr = member["addrs"].get("data") or member["addrs"].get("agent") or ""
+    return addr.rpartition(":")[0].strip("[]")
+
+
+def _mbps(rate: float | None) -> str:
+    return "?" if rate is None else f"{rate:.0f}"
 
 
 def format_refusals(refusals: dict[str, dict[str, int]]) -> str:

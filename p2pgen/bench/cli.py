@@ -16,6 +16,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks, side by side with their baselines")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     _add_allreduce(sub)
+    _add_topology(sub)
     _add_recovery(sub)
     _add_channel(sub)
     _add_survive(sub)
@@ -43,6 +44,49 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
                                                   "(.png, .svg, .pdf; matplotlib from the sim extra)")
     p.set_defaults(func=_run_allreduce)
+
+
+def _add_topology(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topology", help="all_reduce on a zoned emulated cluster: the ring in join order beside the "
+                                        "ring in the measured order and the hierarchical all_reduce")
+    p.add_argument("--sizes", nargs="+", default=["4M", "16M"], help="buffer sizes (default: 4M 16M)")
+    p.add_argument("--iters", type=int, default=0, help="timed calls per round (default: by size)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
+    p.add_argument("--chunk", default="1M", help="frame payload size (default 1M)")
+    p.add_argument("--hosts", type=int, default=4, metavar="N", help="emulated hosts, as root (default 4)")
+    p.add_argument("--topology", metavar="FILE",
+                   help="zones and rates (the format of bench allreduce --topology; default: two zones alternating, "
+                        "h0 h2 ... and h1 h3 ..., 10gbit inside, 200mbit between)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the report")
+    p.set_defaults(func=_run_topology)
+
+
+def _run_topology(args: argparse.Namespace) -> int:
+    from p2pgen.bench import allreduce, topology
+    from p2pgen.testing.netns import ClusterError, EmulatedCluster, TopologyError, from_arguments
+
+    try:
+        sizes = [allreduce.parse_size(s) for s in args.sizes]
+        chunk = allreduce.parse_size(args.chunk)
+    except ValueError as e:
+        raise SystemExit(f"p2pgen bench topology: {e}") from None
+    if args.hosts < 4 or args.rounds < 1 or args.iters < 0:
+        raise SystemExit("p2pgen bench topology: --hosts must be >= 4 (two zones of two), --rounds >= 1, --iters >= 0")
+    try:
+        hosts = from_arguments(args.hosts, topology=args.topology)
+    except (ClusterError, TopologyError) as e:
+        raise SystemExit(f"p2pgen bench topology: {e}") from None
+    if not args.topology:
+        hosts = EmulatedCluster(args.hosts, topology.default_shape(args.hosts))
+    try:
+        hosts.create()
+        result = topology.run(hosts, sizes, iters=args.iters, rounds=args.rounds, chunk_bytes=chunk)
+    except ValueError as e:
+        raise SystemExit(f"p2pgen bench topology: {e}") from None
+    finally:
+        hosts.remove()
+    print(topology.to_json(result) if args.json else topology.format_report(result, hosts.describe()))
+    return 0
 
 
 def _cluster(command: str, args: argparse.Namespace):

@@ -4,8 +4,9 @@
   generation: a fresh NCCL unique id (hex) if it is the proposal's rank 0 and the job runs nccl, else "".
   Core copies rank 0's offer into the certificate's `comm_id`, so the id belongs to that generation only.
 - `backend_factory(kind, active, transport, group)`: the Backend of the certified generation. `tcp` is the CPU
-  ring, wrapped in host staging so GPU members can use it with CUDA tensors; `nccl` joins the communicator
-  named by the certificate's `comm_id`.
+  ring, wrapped in host staging so GPU members can use it with CUDA tensors, and with a hierarchical all_reduce
+  over the certificate's groups when its topology says so (`collectives.hierarchical`); `nccl` joins the
+  communicator named by the certificate's `comm_id`.
 
 Invariant: every member of one generation builds the same kind of backend from the same certificate; a
 `nccl` certificate without a valid `comm_id` is refused with a message, never replaced by a local id.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from p2pgen.collectives import hierarchical
 from p2pgen.collectives.backend import Backend
 from p2pgen.core.view import ActiveGeneration, PendingGeneration
 from p2pgen.collectives.staged import HostStagedBackend
@@ -45,7 +47,11 @@ def offer_comm_id(kind: str, pending: PendingGeneration, identity: tuple[str, in
 def backend_factory(kind: str, active: ActiveGeneration, transport: Any, group: Any, **nccl_options: Any) -> Backend:
     """The backend of the certified generation `active` for this member (`group`: its transport Group)."""
     if check_kind(kind) == "tcp":
-        return HostStagedBackend(TcpBackend(transport, group))
+        tcp = TcpBackend(transport, group)
+        groups = active.hierarchy()
+        if groups is not None:
+            hierarchical.attach(tcp, groups)
+        return HostStagedBackend(tcp)
     from p2pgen.collectives.nccl import NcclBackend
 
     if group.generation != active.generation:

@@ -27,6 +27,9 @@ Invariants:
   generation: it shares the parent's session (so a generation change or abort fails it the same way, and one
   operation runs at a time across the parent and its subgroups), runs its rings over its members' links, and
   stamps its frames with its own sequence numbers tagged by its member list in the high bits of `op_seq`.
+- `all_reduce_hook` (None, or set by `p2pgen.collectives.hierarchical.attach` for a zoned generation): an
+  all_reduce it `takes` runs through it instead of the flat ring (it counts as one collective); a subgroup
+  never has one.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class TcpBackend:
 
     def __init__(self, transport: Transport, group: Group, *, in_place_all_reduce: bool = False) -> None:
         self.in_place_all_reduce = in_place_all_reduce
+        self.all_reduce_hook: Any = None          # see the module docstring
         self.session = transport.open_session(group)
         self.group = group
         self.generation = group.generation
@@ -84,6 +88,7 @@ class TcpBackend:
         sub = object.__new__(TcpBackend)
         sub.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_work")})
         sub._shm = None                     # a subgroup's all_reduce takes the ring
+        sub.all_reduce_hook = None
         members = tuple(self.members[r] for r in ranks)
         sub._join(members, ranks.index(self.rank), seq_tag=1 + zlib.crc32(repr(members).encode()) % 0xFFFF)
         return sub
@@ -117,6 +122,11 @@ class TcpBackend:
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         op, flat = as_op(op), Flat(buf, "all_reduce buffer")
         check_reduction("all_reduce", op, flat.dtype_name)
+        hook = self.all_reduce_hook
+        if hook is not None and hook.takes(flat.raw.nbytes):
+            self._next_seq()
+            hook.all_reduce(flat, op)
+            return buf
         with self.session.operation("all_reduce"):
             seq = self._next_seq()
             shm = self._shm

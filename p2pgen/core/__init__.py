@@ -8,17 +8,18 @@ from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
     COMMAND_TYPES, DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef,
-    Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Kept, Leave,
+    Command, Configure, Effect, Election, Fallback, Frontier, FrontierElected, Hold, HistoryEntry, Kept, Leave, Links,
     LogPosition, Member, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Pull, Ready, ReadyVote,
     Reform, Reformed, Register, RestartRequired, ShardPull, ObjectRecord, Suspect, Synced, Tombstone,
-    retirement_reason,
+    Topology, retirement_reason,
 )
 from p2pgen.core.ownership import OwnershipPlan, Partition, plan_ownership
 
 __all__ = [
     "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
     "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
-    "GenerationMachine", "Hold", "HistoryEntry", "Kept", "Leave", "LogPosition", "Member", "MemberEvicted", "Outcome",
-    "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed", "Register",
-    "RestartRequired", "ShardPull", "ObjectRecord", "OwnershipPlan", "Partition", "plan_ownership", "Suspect", "Synced", "Tombstone", "elect_frontier", "retirement_reason",
+    "GenerationMachine", "Hold", "HistoryEntry", "Kept", "Leave", "Links", "LogPosition", "Member", "MemberEvicted",
+    "Outcome", "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed", "Register",
+    "RestartRequired", "ShardPull", "ObjectRecord", "OwnershipPlan", "Partition", "plan_ownership", "Suspect", "Synced", "Tombstone",
+    "Topology", "elect_frontier", "retirement_reason",
 ]

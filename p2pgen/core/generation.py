@@ -1,12 +1,15 @@
 """The generation state machine: commands in, new state and effects out. No I/O, no clock, no threads.
 
 Owns: the replicated state of one job (DESIGN, "The generation protocol"): members with
-incarnations, the active certificate, the pending proposal, tombstones, the last incarnation seen per
-peer, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
+incarnations (and zones), the active certificate, the pending proposal, tombstones, the last incarnation seen
+per peer, the link rates the agents measured, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
 holds the same state (I1).
 
 Invariants kept (checked by tests/core after every step):
-- I1: one member set and rank map per generation number; a number is never reused.
+- I1: one member set and rank map per generation number; a number is never reused. The rank map is
+  core.topology.ring_order of the members in join order and the measured links (the join order while nothing
+  is known to be slow); a `Links` report after which the active members would be ordered or grouped otherwise
+  proposes the same members again, under the next number.
 - I2: the active generation only goes up; proposals are always above it.
 - I3: an incarnation once seen for a peer_id is never admitted again; votes of any other incarnation
   than the current member's are refused.
@@ -45,14 +48,16 @@ from dataclasses import dataclass, field
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.ownership import Partition, parse_layout, parse_shards
 from p2pgen.core.shards import elect_shards
+from p2pgen.core.topology import check_zone, parse_rates, ring_order
 from p2pgen.core.model import (
     DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
     Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
-    Kept, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed, Register,
-    RestartRequired, Suspect, Synced, Tombstone,
+    Kept, Links, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed,
+    Register, RestartRequired, Suspect, Synced, Tombstone, Topology,
 )
 
 HISTORY_LIMIT = 64
+LINKS_LIMIT = 4096          # measured (from, to) host pairs kept; the oldest report goes first
 RESUMES_KEPT = 256
 TOMBSTONE_LIMIT = 256
 
@@ -78,6 +83,7 @@ class Proposal:
     election: Election | None = None
     synced: set[str] = field(default_factory=set)
     hold: Hold | None = None          # every member voted, but the frontier would regress: not elected yet
+    topology: Topology | None = None  # why `members` is in this order (core.topology.ring_order)
 
     def member(self, peer_id: str) -> Member | None:
         return next((m for m in self.members if m.peer_id == peer_id), None)
@@ -88,7 +94,7 @@ class GenerationMachine:
 
     def __init__(self, job: str) -> None:
         self.job = job
-        self.members: list[Member] = []             # current membership; list order is the rank order to propose
+        self.members: list[Member] = []             # current membership, in join order (see core.topology)
         self.active: Certificate | None = None
         self.pending: Proposal | None = None
         self.last_generation = 0                    # highest generation number ever proposed
@@ -108,6 +114,7 @@ class GenerationMachine:
         self.raft_epoch = 0                         # +1 at each fenced re-form (`Reformed`)
         self.reform_note = ""                       # carried by the next certificate, then cleared
         self.layout: tuple[Partition, ...] = ()     # sharded objects the members declared (set by the first vote)
+        self.links: dict[tuple[str, str], float] = {}   # (from host, to host) -> Mbit/s, as the agents measured
 
     # --- queries -----------------------------------------------------------------------------------
 
@@ -194,9 +201,13 @@ class GenerationMachine:
             return Outcome.refused("register: empty peer_id")
         if cmd.incarnation < 0:
             return Outcome.refused(f"register {cmd.peer_id}: incarnation must be >= 0, got {cmd.incarnation}")
+        bad_zone = check_zone(cmd.zone)
+        if bad_zone:
+            return Outcome.refused(f"register {cmd.peer_id}: {bad_zone}")
         addrs = tuple(sorted(cmd.addrs))   # members store addrs sorted; compare like with like on replay
         current = self.member(cmd.peer_id)
-        if current is not None and current.incarnation == cmd.incarnation and current.addrs == addrs:
+        if current is not None and current.incarnation == cmd.incarnation and current.addrs == addrs \
+                and current.zone == cmd.zone:
             return Outcome.replay(f"{cmd.peer_id}#{cmd.incarnation} is already registered")
         last = self.last_incarnation.get(cmd.peer_id)
         if last is not None and cmd.incarnation <= last:
@@ -209,7 +220,7 @@ class GenerationMachine:
         self.last_incarnation[cmd.peer_id] = cmd.incarnation
         if not self.instance:
             self.instance = f"{cmd.peer_id}#{cmd.incarnation}@{cmd.at:.6f}"
-        self.members.append(Member(cmd.peer_id, cmd.incarnation, addrs))
+        self.members.append(Member(cmd.peer_id, cmd.incarnation, addrs, cmd.zone))
         self._membership_changed(f"{cmd.peer_id}#{cmd.incarnation} joined", cmd.at, effects)
         return Outcome(True, f"registered {cmd.peer_id}#{cmd.incarnation}", tuple(effects))
 
@@ -272,6 +283,35 @@ class GenerationMachine:
         effects: list[Effect] = []
         self._open(f"reform requested by {cmd.peer_id}: {cmd.reason}", cmd.at, effects)
         return Outcome(True, f"reforming generation {self.active_generation}", tuple(effects))
+
+    def _links(self, cmd: Links, position: LogPosition) -> Outcome:
+        if not cmd.source or any(c.isspace() or c == "=" for c in cmd.source):
+            return Outcome.refused(f"links: source host {cmd.source!r} must be a host name or address")
+        try:
+            rates = parse_rates(cmd.rates)
+        except ValueError as e:
+            return Outcome.refused(f"links from {cmd.source}: {e}")
+        if not rates or cmd.source in rates:
+            return Outcome.refused(f"links from {cmd.source}: name at least one other host (HOST=MBITS ...)")
+        if all(self.links.get((cmd.source, host)) == r for host, r in rates.items()):
+            return Outcome.replay(f"links from {cmd.source} already recorded")
+        for host, r in sorted(rates.items()):
+            self.links.pop((cmd.source, host), None)        # re-inserted: the newest report is kept longest
+            self.links[(cmd.source, host)] = r
+        while len(self.links) > LINKS_LIMIT:
+            del self.links[next(iter(self.links))]
+        effects: list[Effect] = []
+        self._reorder_if_due(f"links measured from {cmd.source}", cmd.at, effects)
+        return Outcome(True, f"links from {cmd.source} to {len(rates)} host(s) recorded", tuple(effects))
+
+    def _reorder_if_due(self, why: str, at: float, effects: list[Effect]) -> None:
+        """With the active generation's members and nothing pending: propose them again when what is known of
+        the links now orders or groups them otherwise (a generation of the same members, in the new order)."""
+        if self.pending is not None or self.active is None or not self.members:
+            return
+        order, topology = ring_order(self.members, self.links)
+        if (order, _plan(topology)) != (self.active.members, _plan(self.active.topology)):
+            self._open(f"rank order: {why} ({topology.reason if topology else 'nothing known'})", at, effects)
 
     # --- proposal commands -------------------------------------------------------------------------
 
@@ -548,7 +588,8 @@ class GenerationMachine:
 
     def _open(self, why: str, at: float, effects: list[Effect]) -> None:
         self.last_generation += 1
-        self.pending = Proposal(self.last_generation, self.active_generation, tuple(self.members), why, at)
+        order, topology = ring_order(self.members, self.links)
+        self.pending = Proposal(self.last_generation, self.active_generation, order, why, at, topology=topology)
         effects.append(ProposalOpened(self.pending.generation, self.pending.parent, self.pending.members, why))
 
     def _maybe_activate(self, at: float, position: LogPosition, effects: list[Effect]) -> None:
@@ -583,12 +624,14 @@ class GenerationMachine:
             state_epoch=self.state_epoch, frontier_source=election.source, recovery=recovery,
             raft_epoch=self.raft_epoch, reformed=self.reform_note,
             ownership=election.ownership, objects=election.objects, moved=election.shard_pulls,
+            topology=proposal.topology,
         )
         self.reform_note = ""
         self.active = cert
         self.pending = None
         self.history.append(HistoryEntry(cert.generation, "activated", cert.reason, cert.members, at, cert))
         effects.append(Activated(cert))
+        self._reorder_if_due("links measured while it was pending", at, effects)
 
     def _recovery_note(self, election: Election, at: float) -> str:
         """The loud line a certificate carries when its frontier regressed or came from a checkpoint."""
@@ -606,6 +649,13 @@ class GenerationMachine:
             if (stone.peer_id, stone.incarnation) == member.identity:
                 return stone.reason
         return "removed"
+
+
+def _plan(topology: Topology | None) -> tuple:
+    """What a rank map's topology makes the members do: the groups, and whether all_reduce goes hierarchical."""
+    if topology is None or len(topology.groups) < 2:
+        return ((), False)
+    return (topology.groups, topology.hierarchical)
 
 
 def _layout_line(layout: tuple[Partition, ...]) -> str:
@@ -640,6 +690,7 @@ def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> 
 _HANDLERS = {
     Reformed: _reformed,
     Kept: GenerationMachine._kept,
+    Links: GenerationMachine._links,
     Configure: GenerationMachine._configure,
     Register: GenerationMachine._register,
     Suspect: GenerationMachine._suspect,

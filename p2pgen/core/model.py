@@ -21,6 +21,7 @@ class Member:
     peer_id: str
     incarnation: int
     addrs: tuple[tuple[str, str], ...] = ()   # sorted (name, "host:port") pairs, e.g. ("agent", "127.0.0.1:7000")
+    zone: str = ""                            # the zone its operator declared (`join --zone`); "" if none
 
     @property
     def identity(self) -> tuple[str, int]:
@@ -28,6 +29,19 @@ class Member:
 
     def addr(self, name: str) -> str | None:
         return dict(self.addrs).get(name)
+
+    @property
+    def host(self) -> str:
+        """The host of its data-plane address (else of its agent's); "" when it registered neither."""
+        addr = self.addr("data") or self.addr("agent") or ""
+        return addr.rpartition(":")[0].strip("[]")
+
+    def to_json(self, rank: int | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {} if rank is None else {"rank": rank}
+        data.update({"peer_id": self.peer_id, "incarnation": self.incarnation, "addrs": dict(self.addrs)})
+        if self.zone:
+            data["zone"] = self.zone
+        return data
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,26 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """What the job knew of its links when it chose a rank map (core.topology.ring_order), and what it chose:
+    the groups behind slow links, how often the ring crosses one, and whether all_reduce goes hierarchical."""
+
+    source: str                       # "zones" (declared), "measured" (the bandwidth matrix) or "join" (neither)
+    groups: tuple[tuple[str, tuple[str, ...]], ...]   # (group name, its peer ids in rank order), in rank order
+    crossings: int                    # slow links the chosen ring crosses
+    join_crossings: int               # ... and the join order would cross
+    hierarchical: bool                # all_reduce reduces within each group first (the rule: core.topology)
+    reason: str
+    rates: tuple[tuple[str, str, float], ...] = ()   # (host, host, Mbit/s) measured between the members' hosts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "groups": [{"name": n, "members": list(p)} for n, p in self.groups],
+                "crossings": self.crossings, "join_crossings": self.join_crossings,
+                "hierarchical": self.hierarchical, "reason": self.reason,
+                "rates": [{"from": a, "to": b, "mbps": r} for a, b, r in self.rates]}
+
+
+@dataclass(frozen=True)
 class LogPosition:
     """Where a command sits in the replicated log. (0, 0) when the core runs outside Raft (tests)."""
 
@@ -183,14 +217,12 @@ class Certificate:
     ownership: tuple[tuple[str, int, tuple[str, ...]], ...] = ()   # sharded objects: (object, shard, owner incarnations)
     objects: tuple[ObjectRecord, ...] = ()      # per sharded object: seed 000's manifest record
     moved: tuple[ShardPull, ...] = ()           # shards copied or rebuilt before this generation activated
+    topology: Topology | None = None            # why the rank map is in this order (None: nothing was known)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form documented in the README."""
         data = asdict(self)
-        data["members"] = [
-            {"rank": i, "peer_id": m.peer_id, "incarnation": m.incarnation, "addrs": dict(m.addrs)}
-            for i, m in enumerate(self.members)
-        ]
+        data["members"] = [m.to_json(rank=i) for i, m in enumerate(self.members)]
         data["quiescence"] = [{"peer_id": p, "incarnation": i, "quiescence": q} for p, i, q in self.quiescence]
         data["revisions"] = [{"peer_id": p, "revision": r} for p, r in self.revisions]
         data["departed"] = [{"peer_id": p, "incarnation": i, "reason": r} for p, i, r in self.departed]
@@ -205,6 +237,10 @@ class Certificate:
         if not self.ownership:          # unsharded jobs: the JSON stays as it was
             for key in ("ownership", "objects", "moved"):
                 del data[key]
+        if self.topology is None:       # nothing known of the links: the JSON stays as it was
+            del data["topology"]
+        else:
+            data["topology"] = self.topology.to_json()
         data["retired_safely"] = retirement_reason(self)
         return data
 
@@ -269,6 +305,18 @@ class Register:
     peer_id: str
     incarnation: int
     addrs: tuple[tuple[str, str], ...] = ()
+    at: float = 0.0
+    zone: str = ""             # the zone its operator declared (`join --zone`): letters, digits, `._-`
+
+
+@dataclass(frozen=True)
+class Links:
+    """Bandwidths measured from host `source` to other hosts (an agent's probe): `rates` is
+    "HOST=MBITS HOST=MBITS ..." (Mbit/s). Every agent then holds the same matrix, and the next rank maps
+    follow it (core.topology)."""
+
+    source: str
+    rates: str
     at: float = 0.0
 
 
@@ -378,9 +426,10 @@ class Reformed:
     at: float = 0.0
 
 
-Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept, Reformed]
+Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept, Links, Reformed]
 COMMAND_TYPES: dict[str, type] = {
-    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept)}
+    c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept,
+                                    Links)}
 
 
 # --- effects ---------------------------------------------------------------------------------------

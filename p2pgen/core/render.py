@@ -12,7 +12,7 @@ from typing import Any
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
     ActivationHeld, Activated, Certificate, Effect, Election, FrontierElected, Hold, Member, MemberEvicted,
-    Outcome, ProposalAbandoned, ProposalOpened, Pull, RestartRequired, ShardPull,
+    Outcome, ProposalAbandoned, ProposalOpened, Pull, RestartRequired, ShardPull, Topology,
 )
 
 
@@ -87,6 +87,16 @@ def render_certificate_line(cert: Certificate) -> str:
     return text
 
 
+def render_topology(t: Topology) -> str:
+    groups = " ".join(f"{name}=[{' '.join(peers)}]" for name, peers in t.groups)
+    return (f"{t.source} {groups} crossings={t.crossings} (join {t.join_crossings}) "
+            f"{'hierarchical' if t.hierarchical else 'ring'}: {t.reason}")
+
+
+def render_links(links: dict[tuple[str, str], float]) -> str:
+    return " ".join(f"{a}->{b}={r:g}" for (a, b), r in sorted(links.items()))
+
+
 def render_outcome(outcome: Outcome) -> str:
     lines = [("ok: " if outcome.ok else "refused: ") + outcome.reason]
     lines += ["  " + render_effect(e) for e in outcome.effects]
@@ -100,6 +110,8 @@ def render_proposal(p: Proposal) -> str:
         text += f"; {render_election(p.election)}; synced: {','.join(sorted(p.synced)) or 'none'}"
     if p.hold:
         text += f"; HELD {render_hold(p.hold)}"
+    if p.topology:
+        text += f"\n  topology {render_topology(p.topology)}"
     return text
 
 
@@ -108,9 +120,13 @@ def render_state(m: GenerationMachine) -> str:
     if m.active:
         lines.append(f"active: g{m.active.generation} {member_list(m.active.members)} "
                      f"{render_certificate_line(m.active)}")
+        if m.active.topology:
+            lines.append(f"  topology {render_topology(m.active.topology)}")
     else:
         lines.append("active: none")
     lines.append(render_proposal(m.pending) if m.pending else "pending: none")
+    if m.links:
+        lines.append(f"links: {render_links(m.links)}")
     if m.tombstones:
         lines.append("tombstones: " + " ".join(f"{t.peer_id}#{t.incarnation}" for t in m.tombstones))
     return "\n".join(lines)
@@ -122,6 +138,7 @@ def proposal_json(p: Proposal) -> dict[str, Any]:
         "parent": p.parent,
         "reason": p.reason,
         "members": [{"rank": i, "peer_id": x.peer_id, "incarnation": x.incarnation} for i, x in enumerate(p.members)],
+        "topology": p.topology.to_json() if p.topology else None,
         "ready": sorted(p.votes),
         "frontier": ({"revision": p.election.frontier.revision, "digest": p.election.frontier.digest}
                      if p.election else None),
@@ -158,7 +175,8 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
                     "r": p.r, "partition": p.describe()} for p in m.layout],
         "active": m.active.to_json() if m.active else None,
         "pending": proposal_json(m.pending) if m.pending else None,
-        "members": [{"peer_id": x.peer_id, "incarnation": x.incarnation, "addrs": dict(x.addrs)} for x in m.members],
+        "members": [x.to_json() for x in m.members],
+        "links": [{"from": a, "to": b, "mbps": r} for (a, b), r in sorted(m.links.items())],
         "tombstones": [{"peer_id": t.peer_id, "incarnation": t.incarnation, "reason": t.reason, "at": t.at}
                        for t in m.tombstones],
     }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pgen.core.generation import on_branch
-from p2pgen.core.model import Frontier, Hold, Member, Pull, ShardPull
+from p2pgen.core.model import Frontier, Hold, Member, Pull, ShardPull, Topology
 
 Identity = tuple[str, int]
 Ownership = tuple[tuple[str, int, tuple[str, ...]], ...]   # (object id, shard, owner incarnations "peer#inc")
@@ -35,12 +35,20 @@ class ActiveGeneration:
     regressed_from: int | None
     raft_index: int
     activated_at: float
+    topology: Topology | None = None     # why the ranks are in this order; None: nothing was known of the links
 
     def has(self, identity: Identity) -> bool:
         return any(m.identity == identity for m in self.members)
 
     def rank_of(self, identity: Identity) -> int | None:
         return next((rank for rank, m in enumerate(self.members) if m.identity == identity), None)
+
+    def hierarchy(self) -> tuple[tuple[int, ...], ...] | None:
+        """The ranks of each group when the certificate says all_reduce goes hierarchical, else None."""
+        if self.topology is None or not self.topology.hierarchical:
+            return None
+        rank = {m.peer_id: r for r, m in enumerate(self.members)}
+        return tuple(tuple(rank[p] for p in peers) for _, peers in self.topology.groups)
 
     def shards_owned(self, identity: Identity) -> dict[str, list[int]]:
         """object id -> the shard indexes this certificate gives `identity` (as one of their owners)."""
@@ -60,7 +68,8 @@ class ActiveGeneration:
             state_epoch=cert["state_epoch"], comm_id=cert["comm_id"],
             ownership=tuple((e["object_id"], e["shard"], tuple(e["owners"])) for e in cert.get("ownership", [])),
             recovery=cert["recovery"], regressed_from=cert["regressed_from"], raft_index=cert["raft_index"],
-            activated_at=cert["activated_at"])
+            activated_at=cert["activated_at"],
+            topology=_topology(cert["topology"]) if "topology" in cert else None)
 
 
 @dataclass(frozen=True)
@@ -150,4 +159,10 @@ class JobView:
 
 
 def _member(m: dict[str, Any]) -> Member:
-    return Member(m["peer_id"], m["incarnation"], tuple(sorted(m.get("addrs", {}).items())))
+    return Member(m["peer_id"], m["incarnation"], tuple(sorted(m.get("addrs", {}).items())), m.get("zone", ""))
+
+
+def _topology(t: dict[str, Any]) -> Topology:
+    return Topology(t["source"], tuple((g["name"], tuple(g["members"])) for g in t["groups"]), t["crossings"],
+                    t["join_crossings"], t["hierarchical"], t["reason"],
+                    tuple((r["from"], r["to"], r["mbps"]) for r in t["rates"]))

@@ -1,11 +1,12 @@
-"""`p2pgen show` says loudly when a generation is held for missing state and when one regressed."""
+"""`p2pgen show` says loudly when a generation is held for missing state and when one regressed, and why the
+ranks are in their order (zones, measured links)."""
 
 from __future__ import annotations
 
 import pytest
 
 from p2pgen.agent.cli import format_hold, format_show
-from p2pgen.core import Configure, Fallback, GenerationMachine, Ready, Register, Suspect, Synced
+from p2pgen.core import Configure, Fallback, GenerationMachine, Links, Ready, Register, Suspect, Synced
 from p2pgen.core.render import state_json
 
 pytestmark = pytest.mark.timeout(20)
@@ -78,3 +79,24 @@ def test_show_prints_the_ownership_map_and_what_moved_at_the_last_change():
     moved = state_json(m)["active"]["moved"]
     assert f"moved at the last change (generation 2): {len(moved)} shard(s), {8 * len(moved)} bytes" in text
     assert "reconstruction source replica" in text
+
+
+def test_show_prints_the_zones_the_measured_matrix_and_why_the_ranks_are_in_that_order():
+    m = GenerationMachine("job")
+    hosts = {"a1": "10.0.1.1", "b1": "10.0.2.1", "a2": "10.0.1.2", "b2": "10.0.2.2"}
+    for peer, host in hosts.items():
+        assert m.apply(Register(peer, 1, (("agent", f"{host}:7000"),), zone=f"z{peer[0]}")).ok
+    for peer in ("a1", "a2", "b1", "b2"):
+        assert m.apply(Ready(m.pending.generation, peer, 1, "proved", 0, "d0")).ok
+    for src in hosts.values():          # the agents probe once the generation is active; nothing to reorder
+        rates = " ".join(f"{dst}={9400 if dst[:7] == src[:7] else 200}" for dst in hosts.values() if dst != src)
+        assert m.apply(Links(src, rates)).ok and m.pending is None
+    text = format_show({"state": state_json(m), "raft": RAFT, "agent": AGENT})
+    assert [line.split()[1] for line in text.splitlines() if line.split()[:1] in (["0"], ["1"], ["2"], ["3"])] \
+        == ["a1", "a2", "b1", "b2"]
+    assert "rank order (zones): declared zones; 2 group(s) za(2) zb(2): the ring crosses slow links 2 time(s) " \
+           "(join order: 4); all_reduce: hierarchical (declared zones" in text
+    assert "groups:   za: a1 a2; zb: b1 b2; all_reduce hierarchical" in text
+    matrix = text.split("measured links:\n")[1].splitlines()
+    assert matrix[0].split() == ["Mbit/s", "10.0.1.1", "10.0.1.2", "10.0.2.1", "10.0.2.2"]
+    assert matrix[1].split() == ["10.0.1.1", "-", "9400", "200", "200"]

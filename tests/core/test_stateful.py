@@ -25,8 +25,9 @@ and checks every activation against that record:
 - I4: an activation happened only after an accepted, not-`unknown` vote from every member and an accepted
   `synced` with the frontier digest from every puller; the elected frontier equals a naive re-election
   over the votes the test saw accepted.
-- Rank maps: survivors of the parent certificate keep their relative order, joiners follow in admission
-  order.
+- Rank maps: core.topology's order of the members in admission order, from the links measured when the
+  generation was proposed; so, while nothing is known of the links, survivors of the parent certificate keep
+  their relative order and joiners follow in admission order.
 - A refused command changes nothing (rendered state, JSON state, history and internal counters), and a
   command applied twice in a row has no effect the second time.
 
@@ -46,14 +47,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from p2pgen.core import (
     DEFAULT_REGRESS_WAIT, ActivationHeld, Activated, CheckpointRef, Configure, Election, Fallback, Frontier,
-    FrontierElected, GenerationMachine, Leave, LogPosition, Member, MemberEvicted, ProposalAbandoned,
+    FrontierElected, GenerationMachine, Leave, Links, LogPosition, Member, MemberEvicted, ProposalAbandoned,
     ProposalOpened, Pull, Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, elect_frontier,
 )
 from p2pgen.core.generation import HISTORY_LIMIT
 from p2pgen.core.render import render_state, state_json
+from p2pgen.core.topology import ring_order
 
 PEERS = ("a", "b", "c", "d", "e")
 QUIESCENCE = st.sampled_from(("proved",) * 5 + ("rolled_back",) * 2 + ("unknown",))
+ZONES = st.sampled_from(("",) * 10 + ("x", "y"))       # most members declare no zone
 
 
 # --- the naive reference for the frontier election -------------------------------------------------
@@ -159,6 +162,7 @@ class GenerationProtocol(RuleBasedStateMachine):
         self.evicted: set[tuple[str, int]] = set()
         self.proposed: dict[int, tuple[Member, ...]] = {}
         self.proposal_parent: dict[int, int] = {}
+        self.proposal_links: dict[int, dict] = {}       # generation -> the measured links when it was proposed
         self.abandoned: set[int] = set()
         self.activated: dict[int, object] = {}
         self.votes: dict[int, dict[str, tuple[int, ReadyVote]]] = {}
@@ -255,11 +259,13 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert g > max(self.proposed, default=0), "I2: proposals must go up"
                 assert g > self.seen_active_generation
                 assert effect.parent == (self.active_cert.generation if self.active_cert else 0)
-                assert effect.members == tuple(self.m.members), "a proposal is the current membership"
+                assert sorted(effect.members) == sorted(self.m.members), "a proposal is the current membership"
+                assert effect.members == ring_order(self.m.members, self.m.links)[0], "in the topology order"
                 if self.active_cert is None and not self.proposed and self.min_members:
                     assert len(effect.members) >= self.min_members, "first proposal below min_members"
                 self.proposed[g] = effect.members
                 self.proposal_parent[g] = effect.parent
+                self.proposal_links[g] = dict(self.m.links)
             elif isinstance(effect, FrontierElected):
                 g = effect.generation
                 assert g not in self.elections
@@ -382,14 +388,21 @@ class GenerationProtocol(RuleBasedStateMachine):
         assert cert.frontier_source == election.source
         self.missing_since = None
         self.resumes.append((g, cert.frontier.revision))   # later votes of states above it, from before it, hold nothing
-        # rank map: survivors keep their relative order, joiners follow in admission order
+        # rank map: the topology order of the members in admission order; so, while nothing is known of the
+        # links, survivors keep their relative order and joiners follow in admission order
         before = parent.members if parent else ()
         kept = {m.identity for m in cert.members}
         survivors = [m for m in before if m.identity in kept]
-        assert list(cert.members[:len(survivors)]) == survivors, "survivors must keep their ranks' order"
-        joiners = cert.members[len(survivors):]
-        assert not any(m in before for m in joiners)
-        assert [self.admitted[m.identity] for m in joiners] == sorted(self.admitted[m.identity] for m in joiners)
+        admitted = tuple(sorted(cert.members, key=lambda m: self.admitted[m.identity]))
+        order, topology = ring_order(admitted, self.proposal_links[g])
+        assert (cert.members, cert.topology) == (order, topology), "the rank map must be the topology order"
+        event(f"activated with {topology.source if topology else 'no'} topology, "
+              f"{len(topology.groups) if topology else 1} group(s)")
+        if all(c.topology is None or len(c.topology.groups) < 2 for c in (cert, parent) if c is not None):
+            assert list(cert.members[:len(survivors)]) == survivors, "survivors must keep their ranks' order"
+            joiners = cert.members[len(survivors):]
+            assert not any(m in before for m in joiners)
+            assert [self.admitted[m.identity] for m in joiners] == sorted(self.admitted[m.identity] for m in joiners)
         assert [(p, i) for p, i, _ in cert.departed] == [m.identity for m in before if m.identity not in kept]
         assert all(identity in self.evicted for identity in ((p, i) for p, i, _ in cert.departed))
         # ownership version: bumps exactly when the owner set changes
@@ -475,15 +488,16 @@ class GenerationProtocol(RuleBasedStateMachine):
             wait, fresh = rules or (DEFAULT_REGRESS_WAIT, 0)
             assert self.send(Configure(min_members or 1, regress_wait=wait, allow_fresh_start=fresh)).ok
         for peer in first:
-            assert self.send(Register(peer, 1)).ok
+            assert self.send(Register(peer, 1, (("data", f"{peer}:7100"),))).ok
             assert self.max_inc[peer] == 1
 
     @rule(peer=st.sampled_from(PEERS), bump=st.integers(1, 3), data=st.data())
     def join_or_restart(self, peer, bump, data):
         """A new process: a first join, or a restart with a higher incarnation (evicting the old one)."""
         addrs = data.draw(st.permutations((("agent", f"{peer}:7000"), ("data", f"{peer}:7100"))))
+        zone = data.draw(ZONES)
         old = self.member(peer)
-        outcome = self.send(Register(peer, self.max_inc.get(peer, 0) + bump, tuple(addrs)))
+        outcome = self.send(Register(peer, self.max_inc.get(peer, 0) + bump, tuple(addrs), zone=zone))
         assert outcome.ok, outcome.reason
         if old is not None:
             assert MemberEvicted(old.peer_id, old.incarnation, outcome.effects[0].reason) == outcome.effects[0]
@@ -495,10 +509,20 @@ class GenerationProtocol(RuleBasedStateMachine):
         peer = data.draw(st.sampled_from(sorted(self.max_inc)))
         inc = data.draw(st.integers(0, self.max_inc[peer]))
         member = self.member(peer)
-        addrs = member.addrs if member is not None and data.draw(st.booleans()) else ()
-        outcome = self.send(Register(peer, inc, addrs))
-        is_replay = member is not None and member.identity == (peer, inc) and member.addrs == addrs
+        same = member is not None and data.draw(st.booleans())
+        addrs, zone = (member.addrs, member.zone) if same else ((), "")
+        outcome = self.send(Register(peer, inc, addrs, zone=zone))
+        is_replay = member is not None and member.identity == (peer, inc) and (member.addrs, member.zone) == (addrs, zone)
         assert outcome.ok == is_replay, outcome.reason
+
+    @rule(source=st.sampled_from(PEERS), data=st.data())
+    def report_links(self, source, data):
+        """An agent's probe: the rates from host `source` to some others; a reorder of the active generation's
+        members may be proposed (checked like any proposal, and at its activation)."""
+        hosts = [p for p in PEERS if p != source]
+        others = data.draw(st.one_of(st.just(hosts), st.lists(st.sampled_from(hosts), min_size=1, unique=True)))
+        rates = " ".join(f"{host}={data.draw(st.sampled_from((200, 9000, 10000)))}" for host in others)
+        assert self.send(Links(source, rates)).ok
 
     @rule(reporter=st.sampled_from(PEERS + ("detector",)), peer=st.sampled_from(PEERS), graceful=st.booleans(),
           data=st.data())
@@ -686,7 +710,7 @@ class GenerationProtocol(RuleBasedStateMachine):
             assert (stone.peer_id, stone.incarnation) in self.evicted
         p = self.m.pending
         if p is not None:
-            assert p.members == tuple(self.m.members)
+            assert p.members == ring_order(self.m.members, self.proposal_links[p.generation])[0]
             for peer, vote in p.votes.items():
                 member = p.member(peer)
                 assert member is not None

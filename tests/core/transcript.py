@@ -15,7 +15,8 @@ A directive is one line; `----` opens its expected output, which runs up to the 
 Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one indented line per effect):
 
     configure MIN_MEMBERS [wait=S] [fresh=0|1]       (regress_wait, allow_fresh_start)
-    register PEER INC [NAME=HOST:PORT ...]
+    register PEER INC [zone=ZONE] [NAME=HOST:PORT ...]
+    links FROM_HOST HOST=MBITS ...                  (an agent's measured bandwidths)
     suspect reporter=R PEER INC reason="..."
     leave PEER INC
     reform GEN PEER INC "reason"                   (or reason="...")
@@ -60,11 +61,11 @@ from dataclasses import dataclass, field
 
 from p2pgen.core import (
     DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Kept, Leave, LogPosition, Ready,
-    Reform, Register, Suspect, Synced,
+    Links, Reform, Register, Suspect, Synced,
 )
 from p2pgen.core.render import (
     history_json, member_list, render_outcome, render_ownership, render_pull, render_shard_pull, render_state,
-    state_json,
+    render_topology, state_json,
 )
 
 SEPARATOR = "----"
@@ -164,9 +165,15 @@ class Interpreter:
                              allow_fresh_start=int(kw.pop("fresh", 0)))
         if name == "register":
             peer, inc = pos
+            zone = kw.pop("zone", "")
             addrs = tuple(kw.items())   # as written: the core must not depend on their order
             kw.clear()
-            return Register(peer, int(inc), addrs, at=at)
+            return Register(peer, int(inc), addrs, at=at, zone=zone)
+        if name == "links":
+            source, *rates = pos
+            rates += [f"{k}={v}" for k, v in kw.items()]
+            kw.clear()
+            return Links(source, " ".join(rates), at=at)
         if name == "suspect":
             peer, inc = pos
             kept = kw.pop("kept").split(":") if "kept" in kw else ["-1", "", "0"]    # revision:digest:lineage
@@ -305,6 +312,7 @@ def render_certificate(cert: Certificate) -> list[str]:
         f"collective_seq_frontier: {cert.collective_seq_frontier}",
         f"proposed_at: {cert.proposed_at:g} activated_at: {cert.activated_at:g}",
         f"raft: term {cert.raft_term} index {cert.raft_index}",
+        *([f"topology: {render_topology(cert.topology)}"] if cert.topology else []),
     ]
 
 

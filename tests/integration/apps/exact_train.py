@@ -8,7 +8,8 @@ exactly once and in order (I5). `reference(steps)` computes it in one process.
 
 Faults (env EXACT_FAULTS="peer:point:revision,..." with point in {mid_step, after_allreduce}) make this
 process SIGKILL itself once (a marker file in EXACT_MARKERS records that it fired). EXACT_JOIN_DELAY=
-"peer:incarnation:seconds,..." makes that incarnation wait before it joins (a slow restart).
+"peer:incarnation:seconds,..." makes that incarnation wait before it joins (a slow restart). EXACT_SIZE sets the
+vector's length (default 64; read at import: a test that sets it passes it to `reference` too).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import numpy as np
 
 import p2pgen
 
-SIZE, BATCH, MOD = 64, 24, 2 ** 31
+SIZE = int(os.environ.get("EXACT_SIZE", 64))    # elements of `w` (and of every step's all_reduce)
+BATCH, MOD = 24, 2 ** 31
 
 
-def contribution(revision: int, lo: int, hi: int) -> np.ndarray:
+def contribution(revision: int, lo: int, hi: int, size: int = SIZE) -> np.ndarray:
     ids = np.arange(revision * BATCH + lo, revision * BATCH + hi, dtype=np.int64)
-    cols = np.arange(SIZE, dtype=np.int64)
+    cols = np.arange(size, dtype=np.int64)
     return ((ids[:, None] * 7919 + cols[None, :] * 104729) % 1009).sum(axis=0)
 
 
@@ -36,10 +38,11 @@ def update(w: np.ndarray, total: np.ndarray) -> None:
     np.copyto(w, (w * 31 + total) % MOD)
 
 
-def reference(steps: int) -> np.ndarray:
-    w = np.arange(SIZE, dtype=np.int64)
+def reference(steps: int, size: int = SIZE) -> np.ndarray:
+    """`w` after `steps` steps, computed in one process (`size`: EXACT_SIZE as this module was imported)."""
+    w = np.arange(size, dtype=np.int64)
     for r in range(steps):
-        update(w, contribution(r, 0, BATCH))
+        update(w, contribution(r, 0, BATCH, size))
     return w
 
 
