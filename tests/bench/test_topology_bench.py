@@ -67,6 +67,8 @@ def test_bad_options_say_what_is_wrong(capsys):
 def test_a_tiny_run_on_emulated_hosts(capsys):
     assert cli.main(["bench", "topology", "--sizes", "256K", "--rounds", "1", "--iters", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["order"] == [0, 2, 1, 3] and doc["groups_from"] == "measured"
+    # a loaded machine (CI) can measure a 10 Gbit/s link below a quarter of the fastest: the bench then says it
+    # took the groups from its topology file, and the order is the same
+    assert doc["order"] == [0, 2, 1, 3] and doc["groups_from"] in ("measured", "topology file")
     (row,) = doc["rows"]
     assert set(row["seconds"]) == set(topology.VARIANTS) and all(t > 0 for t in row["seconds"].values())
