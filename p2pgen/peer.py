@@ -297,9 +297,20 @@ class Peer:
                 self.progress.committed(step)
             else:
                 self.stats["steps_discarded"] += 1
+        if self._drained.is_set():
+            self._report_stopped()
         if self._lost is not None:
             raise AgentLost(f"{self.peer_id}#{self.incarnation} lost its agent ({self._lost}): this process can no "
                             "longer know its generation and must exit; a live agent restarts it as a new incarnation")
+
+    def _report_stopped(self) -> None:
+        """Tell the draining agent that this process stopped at a step boundary: it records the leave at once,
+        while this process finishes (and still serves its state), instead of waiting for it to exit."""
+        try:
+            self.agent._call("stopped", incarnation=self.incarnation, revision=self.state.revision)
+        except (OSError, P2PGenError) as e:
+            log.info("could not tell the agent this process stopped at revision %d (%s): it leaves once this "
+                     "process exits", self.state.revision, e)
 
     @property
     def rank(self) -> int | None:

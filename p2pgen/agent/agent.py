@@ -483,6 +483,10 @@ class Agent:
             return self._on_app_exit(*event[1:])
         if kind == "app_stopped":
             self._stopped_app = (event[1], event[2])
+        if kind == "app_stopped_at_boundary" and event[1] is self.app and not self._leaving.is_set():
+            log.info("draining: the application stopped at a step boundary; recording the leave while it exits")
+            self._leave(app_stopping=True)
+            return True
         elif kind == "app_continued":
             self._stopped_app = None
         elif kind == "agent_lost":
@@ -691,19 +695,26 @@ class Agent:
                 if outcome is not None:
                     log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
 
-    def _leave(self) -> None:
+    def _leave(self, app_stopping: bool = False) -> None:
+        """Leave the job: stop the application, delete its local copy, record the leave, give up leadership and
+        the Raft voter. `app_stopping`: the application stopped at a step boundary and is exiting by itself (a
+        drain): the leave is recorded first, so the others go on at once, and the application is given until
+        the drain's deadline to finish (it still serves its state meanwhile)."""
         self._leaving.set()
         self._drop_standby()
-        if self.app is not None:
-            self.app.terminate(grace=2.0)
-            self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
+        if self.app is not None and not app_stopping:
+            self._stop_app()
         if self.node is None:
             return
         member_recorded = self.incarnation is None      # no member to record the leave of
         try:
-            if self.incarnation is not None:
-                self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
-                member_recorded = True
+            try:
+                if self.incarnation is not None:
+                    self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
+                    member_recorded = True
+            finally:
+                if self.app is not None and app_stopping:
+                    self._await_app_exit()
             view = self.node.wait_view(_job_finished, LEAVE_SETTLE_S) or self.node.view()
             if _job_finished(view):
                 log.info("left: every member of the job has left, so no Raft configuration is left to shrink")
@@ -727,6 +738,18 @@ class Agent:
             log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
                         "absence and replace it as a voter; nothing to do unless no agent is left running",
                         e)
+
+    def _await_app_exit(self) -> None:
+        """A drained application exits by itself: wait for it until the drain's deadline, then stop it."""
+        assert self.app is not None
+        drain = self._drain
+        self.app.exited.wait(max(0.0, drain.leave_by - time.monotonic()) if drain is not None else 2.0)
+        self._stop_app()
+
+    def _stop_app(self) -> None:
+        assert self.app is not None
+        self.app.terminate(grace=2.0)
+        self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
 
     def _leave_once_handed_over(self) -> bool:
         """A drain's turn (`drain_step`): hand the state over first if this peer alone holds steps another member
@@ -911,6 +934,14 @@ class Agent:
         while not spare.promoted.wait(0.2) and not spare.exited.is_set() and time.monotonic() < deadline:
             pass                               # wakes at once on promotion; ends with a standby killed meanwhile
         return {"peer_id": self.config.peer_id, "incarnation": spare.incarnation}
+
+    def _rpc_stopped(self, params: dict) -> dict:
+        """The application stopped at a step boundary, as the drain asked: the driver records the leave now."""
+        app = self.app
+        if app is None or params.get("incarnation") != app.incarnation or not self._app_stop_asked():
+            return {"leaving": False}
+        self._events.put(("app_stopped_at_boundary", app))
+        return {"leaving": True}
 
     def _rpc_leave(self, params: dict) -> dict:
         self.request_leave()

@@ -8,7 +8,8 @@ trains with three members again before the next one.
 
 Per fault, from the applications' traces: the survivors' longest time without a committed step (each survivor's
 longest gap between two consecutive commits, from its last one before the fault to its first one past the
-pre-fault revision), beside the step time before the fault; the steps lost (rolled back); fault -> first commit
+pre-fault revision), beside the step time before the fault, and their difference, the time lost (a gap of one
+step is no loss: the goal of a drain is to lose less than one step); the steps lost (rolled back); fault -> first commit
 of every survivor; and fault -> the taken host's agent gone.
 Invariant: every process is stopped by pid before the section returns (`P2PGenDeployment.stop`).
 """
@@ -81,8 +82,8 @@ def _one(deployment: P2PGenDeployment, tail: TraceTail, kind: str) -> dict[str, 
               deployment.logs)
     events = tail.refresh()
     record = analyze_fault(events, Fault("p2pgen", kind, VICTIM, t0))
-    record.update({"stall_s": survivor_stall(events, survivors, t0, record["revision_at_fault"]),
-                   "step_s": step_time(events, t0), "gone_s": gone})
+    stall, step = survivor_stall(events, survivors, t0, record["revision_at_fault"]), step_time(events, t0)
+    record.update({"stall_s": stall, "step_s": step, "lost_s": max(0.0, stall - step), "gone_s": gone})
     deployment.start_host(VICTIM)
     tail.wait(_training(time.time(), len(PEERS)), 120, f"training with 3 members again after {kind}",
               deployment.logs)
@@ -113,7 +114,7 @@ def summarize_drain(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         mine = [r for r in records if r["kind"] == kind]
         if mine:
             out[kind] = {key: summarize([r[key] for r in mine])
-                         for key in ("stall_s", "step_s", "to_first_commit_s", "rollback_steps", "gone_s")}
+                         for key in ("stall_s", "step_s", "lost_s", "to_first_commit_s", "rollback_steps", "gone_s")}
     return out
 
 
@@ -121,6 +122,7 @@ def format_drain(summary: dict[str, dict[str, Any]], detect_timeout: float) -> s
     rows = [["drain vs SIGKILL of the same host", "n", *(f"{k} p50/max" for k in summary)]]
     labels = (("stall_s", "survivors' longest time without a commit (ms)", 1000.0),
               ("step_s", "step time before the fault (ms)", 1000.0),
+              ("lost_s", "time lost: that gap minus one step (ms)", 1000.0),
               ("to_first_commit_s", "to first commit, every survivor (ms)", 1000.0),
               ("rollback_steps", "steps lost", 1.0),
               ("gone_s", "to the host's agent gone (ms)", 1000.0))

@@ -22,8 +22,10 @@ def test_the_stall_is_the_longest_gap_of_a_survivor_around_the_fault():
 
 
 def test_the_table_puts_the_drain_beside_the_kill():
-    records = [{"kind": k, "stall_s": s, "step_s": 0.1, "to_first_commit_s": 0.3, "rollback_steps": 0, "gone_s": g}
+    records = [{"kind": k, "stall_s": s, "step_s": 0.1, "lost_s": s - 0.1, "to_first_commit_s": 0.3,
+                "rollback_steps": 0, "gone_s": g}
                for k, s, g in (("drain", 0.2, 4.8), ("sigkill_host", 0.45, 0.02))]
     table = format_drain(summarize_drain(records), 1.0)
     assert list(summarize_drain(records)) == list(KINDS)
     assert "drain p50/max  sigkill_host p50/max" in table and "200/200" in table and "450/450" in table
+    assert "time lost: that gap minus one step (ms)        1        100/100               350/350" in table
