@@ -130,7 +130,8 @@ class Session:
                           my_incarnation=self.group.me.incarnation, peer=peer.identity, rank=rank,
                           max_frame_bytes=self.config.max_frame_bytes, op_timeout=self.config.op_timeout,
                           counters=self._transport.counters, on_error=self._fail,
-                          addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"))
+                          addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"),
+                          wake_once=self.config.socket_buffer_bytes > 0)
 
     def admission(self, dialer: tuple[str, int]) -> tuple[str, str] | int:
         """The dialer's rank, or (reason, detail) if it may not dial us in this generation."""
