@@ -6,8 +6,7 @@ abort; `Transport` is the process's listener, routes accepted connections to ses
 every refusal (`stats()`).
 
 Threads, not asyncio: every receive is a blocking `recv_into` straight into a preallocated numpy
-buffer and every send a `sendmsg` from one (non-blocking on the caller's thread, blocking on a sender
-thread for what did not fit), both releasing the GIL, and reductions run in numpy on the
+buffer and every send a `sendmsg` from one, both releasing the GIL, and reductions run in numpy on the
 receiving thread; an event loop would add a copy (stream readers) or a loop hop per chunk and
 serialise reduction with I/O.
 """

@@ -1,15 +1,13 @@
-"""One authenticated TCP connection of one generation: framed sends (on the caller's thread while the
-socket buffer has room, else on a sender thread) and verified receives (on the caller's thread).
+"""One authenticated TCP connection of one generation: framed sends (on a sender thread) and verified
+receives (on the caller's thread).
 
 Who does what, and why: the caller's thread stamps and checksums every frame it posts and verifies every
 frame it receives, right after producing or receiving the bytes, while they are still in cache (hashing a
 cold MiB costs several times a hot one, and xxhash holds the GIL, so hashing on the sender thread would
-stall the caller). A posted frame goes to the kernel at once with a non-blocking `sendmsg` when nothing is
-queued; what does not fit the socket buffer is queued for the sender thread, which runs blocking
-`sendmsg` calls (they release the GIL), so the caller never waits for a peer to read and the next frame
-streams out while the caller receives and reduces the current one. The common case costs no thread
-hand-off (no queue, no wake-up, no GIL transfer per frame). A receive sleeps until a payload (or a
-quarter of the receive buffer of it) is queued whole, then copies it in one pass.
+stall the caller). The sender thread only runs blocking `sendmsg` calls, which release the GIL, so the
+next frame streams out while the caller receives and reduces the current one, and the sends' kernel
+copies run on another core beside the caller's receives, hashing and reductions. A receive sleeps until
+a payload (or a quarter of the receive buffer of it) is queued whole, then copies it in one pass.
 
 Invariants:
 - A frame is delivered only if its checksum verifies and its stamp is exactly (job, generation, the
@@ -115,37 +113,27 @@ class Connection:
     # ---- sending -------------------------------------------------------------------------------
     def post(self, kind: int, op_seq: int, chunk: int, payload: np.ndarray, inline: bool = False,
              digest: int | None = None) -> int:
-        """Send one frame. Returns the frame's ticket: once `is_sent(ticket)`, the payload may change.
-
-        When nothing is queued, the frame is handed to the kernel right here with a non-blocking `sendmsg`,
-        and whatever did not fit the socket buffer is queued for the sender thread; otherwise the whole
-        frame is queued behind the others. Either way the caller never blocks, so members that all send
-        before they receive cannot deadlock. `inline` sends the whole frame here, blocking: use it only
-        while nothing is queued and the bytes in flight fit the socket buffers, or a ring deadlocks.
+        """Send one frame: queued for the sender thread, or (`inline`) on the caller's thread. Returns the
+        frame's ticket: once `is_sent(ticket)`, the payload may change.
 
         The frame is stamped and checksummed here; `digest` (only the one `recv_into` returned for exactly
-        these bytes, or None to hash them now) spares a second pass over forwarded bytes. A `payload`
-        (uint8, contiguous) must stay unchanged until `is_sent(ticket)` or `flush()` returned.
+        these bytes, or None to hash them now) spares a second pass over forwarded bytes. A queued
+        `payload` (uint8, contiguous) must stay unchanged until `is_sent(ticket)` or `flush()` returned.
+        Send inline only while nothing is queued and the bytes in flight fit the socket buffers, or a ring
+        deadlocks.
         """
         header = frame.pack_header(kind, self._tag, self.generation, self._my_inc, op_seq, chunk, payload,
                                    digest)
         self._posted += 1
         ticket = self._posted
-        views = [header, memoryview(payload)]
-        if inline:
+        if not inline:
+            self._queue.put((header, payload))
+        else:
             if self._send_error is None:
-                self._send(views, block=True)
+                self._send_one(header, payload)
             self._sent += 1
             if self._send_error is not None:
                 raise self._send_error
-        elif self._sent == ticket - 1 and self._send_error is None:    # the sender thread is idle
-            rest = self._send(views, block=False)
-            if rest:
-                self._queue.put(rest)
-            else:
-                self._sent += 1
-        else:
-            self._queue.put(views)
         hooks.frame_moved(hooks.COLLECTIVE, "posted", kind, op_seq, chunk, payload.nbytes, self.peer)
         return ticket
 
@@ -156,7 +144,7 @@ class Connection:
         return self._sent == self._posted
 
     def is_sent(self, ticket: int) -> bool:
-        """Whether frame `ticket` (and every frame posted before it) was handed to the kernel, so its
+        """Whether the sender thread is done with frame `ticket` (and every frame posted before it), so its
         payload buffer may change. Never blocks: a caller that waited here for its own sender could close a
         ring of members each waiting for the next to receive."""
         return self._sent >= ticket
@@ -179,28 +167,19 @@ class Connection:
                 item.set()
                 continue
             if self._send_error is None:
-                self._send(item, block=True)
-            self._sent += 1          # the caller writes it only while nothing is queued (see `post`)
+                self._send_one(*item)
+            self._sent += 1          # only this thread writes it once the connection is in use
 
-    def _send(self, views: list, block: bool) -> list:
-        """Hand `views` to the kernel: all of them (`block`), or what fits now; returns what is left. A
-        failure is recorded (every later frame is skipped) and reported to the session."""
+    def _send_one(self, header: bytes, payload: np.ndarray) -> None:
         try:
             if self._addrs is not None and faults.cut(*self._addrs):
                 self.shutdown()            # the peer's receive fails too, as when a route goes away
                 raise ConnectionResetError(f"partitioned from {self._addrs[1]} (fault injected through "
                                            f"${faults.ENV})")
-            if block:
-                sendmsg_all(self.sock, views)
-                return []
-            try:
-                return _unsent(views, self.sock.sendmsg(views, (), socket.MSG_DONTWAIT))
-            except BlockingIOError:
-                return views
+            sendmsg_all(self.sock, [header, memoryview(payload)])
         except OSError as e:
             self._send_error = PeerLost(f"sending to {self._who()} failed: {e!r}")
             self._on_error(self._send_error)
-            return []
 
     # ---- receiving -----------------------------------------------------------------------------
     def recv_into(self, slot: RecvSlot, kind: int, op_seq: int, chunk: int) -> int:
@@ -380,14 +359,11 @@ def sendmsg_all(sock: socket.socket, buffers: list) -> None:
     """sendmsg until every byte of `buffers` is on its way (a partial send resumes mid-buffer)."""
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
-        views = _unsent(views, sock.sendmsg(views))
-
-
-def _unsent(views: list, sent: int) -> list:
-    """What is left of `views` after `sent` of their bytes went out."""
-    for i, v in enumerate(views):
-        n = len(v)
-        if sent < n:
-            return [v[sent:]] + views[i + 1:]
-        sent -= n
-    return []
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
