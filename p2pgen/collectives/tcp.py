@@ -1,13 +1,13 @@
 """The `tcp` backend: ring collectives over one generation's Session of the CPU data plane.
 
 Algorithms (N members, rank r, buffers cut into N near-equal chunks, chunks into frames of `chunk_bytes`,
-larger for large chunks (`ring_frame_bytes`: at most 4 MiB, at least 4 frames per chunk)): all_reduce through shared memory when every member runs on this host (`shm`, 64 KiB and up,
-top-level group), else reduce-scatter then all-gather around the ring; the reduce-scatter half for
-reduce_scatter; the all-gather half for all_gather; a pipelined chain from the root for broadcast. Each
-received frame is reduced and forwarded at once, so frame k+1 streams in (and out) while the caller
-reduces frame k. Frames are checksummed when posted, right after the reduction wrote them (cache-hot);
-bytes forwarded verbatim (all-gather, broadcast) carry the digest verified on receipt instead of being
-hashed again.
+larger for large chunks: `ring_frame_bytes`, at most 4 MiB, at least 4 frames per chunk): all_reduce
+through shared memory when every member runs on this host (`shm`, 64 KiB and up, top-level group), else
+reduce-scatter then all-gather around the ring; the reduce-scatter half for reduce_scatter; the all-gather
+half for all_gather; a pipelined chain from the root for broadcast. Each received frame is reduced and
+forwarded at once, so the sender thread streams frame k+1 while the caller reduces frame k. Frames are
+checksummed when posted, right after the reduction wrote them (cache-hot); bytes forwarded verbatim
+(all-gather, broadcast) carry the digest verified on receipt instead of being hashed again.
 
 Invariants:
 - Bit-identical results: each chunk is reduced in one fixed ring order and finalised (AVG divides) by
