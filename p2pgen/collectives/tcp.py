@@ -522,7 +522,7 @@ class _Pipe:
 
 LARGE_FRAME_BYTES = 4 << 20     # the largest ring frame (see `ring_frame_bytes`), if max_frame_bytes allows
 PIPELINE_FRAMES = 4             # frames per member's chunk, at least, before frames grow past chunk_bytes
-_SCRATCH_SLOTS = 5       # receive slots of a reduce-scatter: one spare, four it rotates through (see `_reduce_scatter`)
+_SCRATCH_SLOTS = 3       # receive slots of a reduce-scatter: one spare, two it rotates through (see `_reduce_scatter`)
 
 
 def ring_frame_bytes(chunk: int, chunk_bytes: int, large_frame_bytes: int) -> int:
