@@ -1,13 +1,13 @@
 """The `tcp` backend: ring collectives over one generation's Session of the CPU data plane.
 
-Algorithms (N members, rank r, buffers cut into N near-equal chunks, chunks into frames of at most
-`chunk_bytes`): all_reduce through shared memory when every member runs on this host (`shm`, 64 KiB and up,
-top-level group), else reduce-scatter then all-gather around the ring; the reduce-scatter half for
-reduce_scatter; the all-gather half for all_gather; a pipelined chain from the root for broadcast. Each
-received frame is reduced and forwarded at once, so the sender thread streams frame k+1 while the caller
-reduces frame k. Frames are checksummed when posted, right after the reduction wrote them (cache-hot);
-bytes forwarded verbatim (all-gather, broadcast) carry the digest verified on receipt instead of being
-hashed again.
+Algorithms (N members, rank r, buffers cut into N near-equal chunks, chunks into frames of `chunk_bytes`,
+larger for large chunks: `ring_frame_bytes`, at most 4 MiB, at least 4 frames per chunk): all_reduce
+through shared memory when every member runs on this host (`shm`, 64 KiB and up, top-level group), else
+reduce-scatter then all-gather around the ring; the reduce-scatter half for reduce_scatter; the all-gather
+half for all_gather; a pipelined chain from the root for broadcast. Each received frame is reduced and
+forwarded at once, so the sender thread streams frame k+1 while the caller reduces frame k. Frames are
+checksummed when posted, right after the reduction wrote them (cache-hot); bytes forwarded verbatim
+(all-gather, broadcast) carry the digest verified on receipt instead of being hashed again.
 
 Invariants:
 - Bit-identical results: each chunk is reduced in one fixed ring order and finalised (AVG divides) by
@@ -59,9 +59,10 @@ class TcpBackend:
         self.group = group
         self.generation = group.generation
         self._chunk_bytes = transport.config.chunk_bytes
+        self._large_frame_bytes = min(LARGE_FRAME_BYTES, transport.config.max_frame_bytes)
         buf = transport.config.socket_buffer_bytes
         self._inline_bytes = min(256 << 10, buf // 4) if buf else 64 << 10
-        self._scratch = [np.empty(self._chunk_bytes, np.uint8) for _ in range(_SCRATCH_SLOTS)]
+        self._scratch: list[np.ndarray] = []
         self._join(tuple(range(group.world)), group.rank, seq_tag=0)
         self._shm: ShmAllReduce | None = ShmAllReduce(group.rank, group.world,
                                                       len({m.host for m in group.members}) == 1, self._links,
@@ -138,8 +139,9 @@ class TcpBackend:
                 work = flat.elems if self.in_place_all_reduce else self._work_for(flat)
                 pipe = self._ring_pipe(seq, flat.raw.nbytes)
                 bounds = _split(flat.size, self.world)
-                self._reduce_scatter(pipe, op, flat, flat.elems, work, bounds, gather=True)
-                self._all_gather(pipe, work, bounds)
+                seg = self._ring_seg(work.itemsize, bounds)
+                self._reduce_scatter(pipe, op, flat, flat.elems, work, bounds, seg, gather=True)
+                self._all_gather(pipe, work, bounds, seg)
                 pipe.flush()
                 if work is not flat.elems:
                     np.copyto(flat.elems, work)
@@ -157,7 +159,8 @@ class TcpBackend:
                 work = self._work_for(inp)
                 pipe = self._ring_pipe(seq, inp.raw.nbytes)
                 bounds = _blocks(out.size, self.world)
-                self._reduce_scatter(pipe, op, inp, inp.elems, work, bounds, gather=False)
+                seg = self._ring_seg(work.itemsize, bounds)
+                self._reduce_scatter(pipe, op, inp, inp.elems, work, bounds, seg, gather=False)
                 pipe.flush()
                 lo, hi = bounds[self.rank]
                 np.copyto(out.elems, work[lo:hi])
@@ -173,9 +176,10 @@ class TcpBackend:
                 work = self._work_for(out)
                 pipe = self._ring_pipe(seq, out.raw.nbytes)
                 lo, hi = bounds[self.rank]
-                for a, b in _segments(lo, hi, self._seg(inp)):
+                seg = self._ring_seg(work.itemsize, bounds)
+                for a, b in _segments(lo, hi, seg):
                     pipe.send(inp.elems[a - lo:b - lo])
-                self._all_gather(pipe, work, bounds)
+                self._all_gather(pipe, work, bounds, seg)
                 pipe.flush()
                 np.copyto(work[lo:hi], inp.elems)    # read the input before any output write (it may alias)
                 np.copyto(out.elems, work)
@@ -349,7 +353,7 @@ class TcpBackend:
 
     # ---- ring algorithms -----------------------------------------------------------------------
     def _reduce_scatter(self, pipe: "_Pipe", op: ReduceOp, flat: Flat, src: np.ndarray, work: np.ndarray,
-                        bounds: list[tuple[int, int]], gather: bool) -> None:
+                        bounds: list[tuple[int, int]], seg: int, gather: bool) -> None:
         """After N-1 steps rank r holds the reduction of chunk r in `work` (forwarded on if `gather`).
 
         A partial reduction that is only forwarded (every step but the last) is computed in place in the
@@ -357,8 +361,8 @@ class TcpBackend:
         the sender thread has not sent yet is not waited for (a ring of members each waiting for its own
         sender would deadlock): that frame is reduced into `work` and sent from there instead, as the final
         reduction of chunk r always is, from a spare slot that is never sent from (`work` may be `src`)."""
-        n, r, seg = self.world, self.rank, self._seg(flat)
-        spare, *slots = (s[:seg * src.itemsize].view(src.dtype) for s in self._scratch)
+        n, r = self.world, self.rank
+        spare, *slots = (s.view(src.dtype) for s in self._scratch_for(seg * src.itemsize))
         tickets = [0] * len(slots)
         k = 0
         for a, b in _segments(*bounds[(r - 1) % n], seg):
@@ -381,9 +385,9 @@ class TcpBackend:
                 if gather or not last:
                     pipe.send(work[a:b])
 
-    def _all_gather(self, pipe: "_Pipe", work: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+    def _all_gather(self, pipe: "_Pipe", work: np.ndarray, bounds: list[tuple[int, int]], seg: int) -> None:
         """Rank r's chunk r is on its way to r+1 already; receive and forward the others."""
-        n, r, seg = self.world, self.rank, self._seg_elems(work.itemsize)
+        n, r = self.world, self.rank
         for step in range(n - 1):
             for a, b in _segments(*bounds[(r - step - 1) % n], seg):
                 digest = pipe.recv(work[a:b])
@@ -457,10 +461,18 @@ class TcpBackend:
         return seq
 
     def _seg(self, flat: Flat) -> int:
-        return self._seg_elems(flat.elems.itemsize)
+        return max(1, self._chunk_bytes // flat.elems.itemsize)
 
-    def _seg_elems(self, itemsize: int) -> int:
-        return max(1, self._chunk_bytes // itemsize)
+    def _ring_seg(self, itemsize: int, bounds: list[tuple[int, int]]) -> int:
+        longest = max(hi - lo for lo, hi in bounds) * itemsize
+        return ring_frame_bytes(longest, self._chunk_bytes, self._large_frame_bytes) // itemsize or 1
+
+    def _scratch_for(self, nbytes: int) -> list[np.ndarray]:
+        """The reduce-scatter's receive slots, `nbytes` each (grown in place: subgroups share them, and one
+        operation runs at a time across a generation's communicators)."""
+        if not self._scratch or self._scratch[0].nbytes < nbytes:
+            self._scratch[:] = [np.empty(nbytes, np.uint8) for _ in range(_SCRATCH_SLOTS)]
+        return [s[:nbytes] for s in self._scratch]
 
     def _work_for(self, flat: Flat) -> np.ndarray:
         nbytes = flat.raw.nbytes
@@ -518,7 +530,18 @@ class _Pipe:
             self.dst.flush()
 
 
-_SCRATCH_SLOTS = 5       # receive slots of a reduce-scatter: one spare, four it rotates through (see `_reduce_scatter`)
+LARGE_FRAME_BYTES = 4 << 20     # the largest ring frame (see `ring_frame_bytes`), if max_frame_bytes allows
+PIPELINE_FRAMES = 4             # frames per member's chunk, at least, before frames grow past chunk_bytes
+_SCRATCH_SLOTS = 3       # receive slots of a reduce-scatter: one spare, two it rotates through (see `_reduce_scatter`)
+
+
+def ring_frame_bytes(chunk: int, chunk_bytes: int, large_frame_bytes: int) -> int:
+    """Payload bytes per frame of a ring whose longest member chunk is `chunk` bytes: `chunk_bytes`, or for
+    a chunk of more than PIPELINE_FRAMES of those, a PIPELINE_FRAMES-th of it, up to `large_frame_bytes`
+    (never below `chunk_bytes`). Costs per frame (syscalls, wake-ups, Python) fall with fewer frames; the
+    PIPELINE_FRAMES frames per chunk keep a member forwarding frame k while frame k+1 is on the wire. Every
+    member computes the same from the same configuration."""
+    return max(chunk_bytes, min(large_frame_bytes, chunk // PIPELINE_FRAMES))
 
 
 def _starts(counts: list[int]) -> list[int]:

@@ -132,7 +132,8 @@ class Session:
                           max_frame_bytes=self.config.max_frame_bytes, op_timeout=self.config.op_timeout,
                           counters=self._transport.counters, on_error=self._fail,
                           addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"),
-                          seal=Seal(keys) if keys is not None else None)
+                          seal=Seal(keys) if keys is not None else None,
+                          wake_once=self.config.socket_buffer_bytes > 0)
 
     def admission(self, dialer: tuple[str, int]) -> tuple[str, str] | int:
         """The dialer's rank, or (reason, detail) if it may not dial us in this generation."""

@@ -1,11 +1,15 @@
-"""The tcp backend passes the shared Backend conformance suite at every world size 1-5."""
+"""The tcp backend passes the shared Backend conformance suite at every world size 1-5, and with shared memory
+off (every all_reduce on the TCP ring, as between hosts) at world 3 and 4."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2pgen.collectives import Backend
+from p2pgen.collectives import Backend, shm
 from p2pgen.testing import conformance
+from p2pgen.testing.cluster import LocalCluster
+
+from tests.collectives.conftest import SMALL_FRAMES
 
 
 @pytest.mark.timeout(60)
@@ -16,6 +20,16 @@ def test_tcp_backend_conformance(members, world):
     conformance.check_backend(group.run, world)
     ops = {b.op_seq for b in group.backends}
     assert len(ops) == 1 and ops.pop() > 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [3, 4])
+def test_tcp_ring_conformance(monkeypatch, world):
+    monkeypatch.setenv(shm.ENV, "0")
+    with LocalCluster(world, config=SMALL_FRAMES) as cluster:
+        backends = cluster.backends(generation=1)
+        conformance.check_backend(lambda fn: cluster.run(fn, backends, timeout=30.0), world)
+        assert not any(b.shm_active for b in backends)
 
 
 @pytest.mark.timeout(30)
