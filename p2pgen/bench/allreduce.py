@@ -253,16 +253,21 @@ class _Group:
         return max(seconds for seconds, _ in reports), reports[0][1]
 
     def close(self) -> None:
-        for pipe in self.pipes:
-            try:
-                pipe.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        stop_workers(self.pipes, self.procs)
+
+
+def stop_workers(pipes: list, procs: list) -> None:
+    """Tell each worker to end (None on its pipe), then join it; one that does not end in 30 s is killed."""
+    for pipe in pipes:
+        try:
+            pipe.send(None)
+        except OSError:
+            pass
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
 
 
 def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_bytes: int, store_port: int,

@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from p2pgen.bench.allreduce import stop_workers
+
 if TYPE_CHECKING:
     from p2pgen.core.model import Topology
     from p2pgen.testing.netns import EmulatedCluster, Topology as Shape
@@ -198,16 +200,7 @@ class _Workers:
         return max(_expect(pipe.recv(), "seconds") for pipe in self.pipes)
 
     def close(self) -> None:
-        for pipe in self.pipes:
-            try:
-                pipe.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        stop_workers(self.pipes, self.procs)
 
 
 def _expect(message: Any, what: str) -> Any:
