@@ -86,9 +86,10 @@ import torch.distributed as dist
 from p2pgen.peer import Peer, current_peer, join
 from p2pgen.torch import fixed
 from p2pgen.torch.ddp import DistributedDataParallel, adopt, allreduce_hook, average_hook, default_group, unwrap_errors
+from p2pgen.torch.diloco import DiLoCo, InnerBatch, OuterReport
 from p2pgen.torch.group import BACKEND, P2PGenProcessGroup, Work, bound_to, following, subgroup_of
 
-__all__ = ["BACKEND", "DistributedDataParallel", "P2PGenProcessGroup", "Work", "adopt", "allreduce_hook",
+__all__ = ["BACKEND", "DiLoCo", "DistributedDataParallel", "InnerBatch", "OuterReport", "P2PGenProcessGroup", "Work", "adopt", "allreduce_hook",
            "average_hook", "default_group",
            "generation_group", "generation_mesh", "init_process_group", "monitored_barrier", "peer", "shared_tensors",
            "unwrap_errors"]
