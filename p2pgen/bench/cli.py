@@ -22,6 +22,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _add_survive(sub)
     _add_torch_suite(sub)
     _add_scale(sub)
+    _add_diloco(sub)
 
 
 def _add_allreduce(sub: argparse._SubParsersAction) -> None:
@@ -302,3 +303,68 @@ def _run_scale(args: argparse.Namespace) -> int:
     if any(n < 2 for n in args.agents) or args.kills < 1 or args.idle <= 0:
         raise SystemExit("p2pgen bench scale: every --agents count must be >= 2, --kills >= 1, --idle > 0")
     return scale.main(args.agents, args.kills, args.idle, args.json)
+
+
+def _add_diloco(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diloco", help="time to a target loss: DiLoCo vs synchronous training, on emulated hosts")
+    p.add_argument("--hosts", type=int, default=4, metavar="N", help="emulated hosts, as root (default 4)")
+    p.add_argument("--rate", default="100mbit", help="every link's rate (default 100mbit)")
+    p.add_argument("--sync-every", type=int, nargs="+", default=[10, 50, 100], metavar="H",
+                   help="DiLoCo's inner steps per outer step, one row each (default 10 50 100)")
+    p.add_argument("--compress", nargs="*", default=[], choices=("bf16", "int8"),
+                   help="also each H with the outer all-reduce compressed so")
+    p.add_argument("--target-loss", type=float, default=0.0025, help="the loss to reach (default 0.0025)")
+    p.add_argument("--max-seconds", type=float, default=150.0, help="a row's longest run (default 150)")
+    p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
+                   help="run only the rows whose label contains one of these words (ddp, synchronous, H=50, "
+                        "int8, ...); speed-ups are against the first row run")
+    p.add_argument("--faults-every", type=float, default=0.0, metavar="S",
+                   help="also: DiLoCo (the first H) for --fault-seconds, fault-free and with a host killed "
+                        "every S seconds (restarted after 1 s): the steps kept")
+    p.add_argument("--fault-seconds", type=float, default=90.0)
+    p.add_argument("--workdir", default=None, help="where the logs go (default: a temporary folder)")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw loss against wall time per configuration")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_diloco)
+
+
+def _run_diloco(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from p2pgen.bench import diloco
+
+    plots = _plots_module("diloco") if args.plot else None
+    if args.hosts < 2 or any(h < 1 for h in args.sync_every) or args.max_seconds <= 0:
+        raise SystemExit("p2pgen bench diloco: --hosts must be >= 2, --sync-every >= 1, --max-seconds > 0")
+    hosts = _cluster("diloco", argparse.Namespace(hosts=args.hosts, rate=args.rate, topology=None))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="p2pgen-diloco-"))
+    rows = diloco.configs(args.sync_every, args.compress)
+    if args.only:
+        rows = [r for r in rows if any(w.lower() in r.label.lower() for w in args.only)]
+    results, faults = [], None
+    try:
+        hosts.create()
+        for i, config in enumerate(rows):
+            print(f"running {config.label} ...", file=sys.stderr)
+            results.append(diloco.run_config(hosts, config, workdir / f"row{i}", args.target_loss,
+                                             args.max_seconds))
+        if args.faults_every:
+            config = diloco.Config(f"p2pgen DiLoCo H={args.sync_every[0]}", "diloco", args.sync_every[0])
+            faults = tuple(diloco.run_config(hosts, config, workdir / name, 0.0, args.fault_seconds, every)
+                           for name, every in (("clean", 0.0), ("faults", args.faults_every)))
+    finally:
+        hosts.remove()
+    if args.json:
+        print(diloco.to_json(results, faults))
+        return 0
+    if results:
+        print(diloco.format_results(results, args.target_loss, hosts.describe()))
+    if faults:
+        print()
+        print(diloco.format_faults(*faults, args.faults_every, args.fault_seconds))
+    if plots is not None:
+        plots.plot_diloco(results, args.target_loss, hosts.describe(), args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    print(f"logs: {workdir}", file=sys.stderr)
+    return 0

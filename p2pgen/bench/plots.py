@@ -108,3 +108,20 @@ def _membership_panel(ax: Any, summary: dict[str, dict[str, float]]) -> None:
     ax.set_title("membership (no baseline: restart-all has no generations)", fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=8)
+
+
+def plot_diloco(results: list[Any], target: float, where: str, path: str) -> None:
+    """Loss against wall time, one line per configuration (synchronous DDP on gloo first), the target dashed."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in results:
+        if r.curve:
+            ax.plot([t for t, _ in r.curve], [loss for _, loss in r.curve], marker=".", label=r.label)
+    ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("held-out loss (MSE)")
+    ax.set_title(f"DiLoCo vs synchronous training, {where}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

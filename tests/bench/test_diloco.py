@@ -1,0 +1,57 @@
+"""`p2pgen bench diloco`'s reading of the run logs and its table, and the shipped task's determinism."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from p2pgen.bench import diloco
+from p2pgen.bench.apps import diloco_task
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _log(path, events):
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_a_run_is_read_from_host_zeros_log(tmp_path) -> None:
+    _log(tmp_path / "m0.jsonl", [{"event": "start", "t": 100.0},
+                                 {"event": "eval", "t": 104.0, "steps": 50, "outer": 1, "loss": 0.004},
+                                 {"event": "eval", "t": 107.5, "steps": 100, "outer": 2, "loss": 0.0024},
+                                 {"event": "end", "t": 108.0}])
+    r = diloco._result("H=50", diloco.read_log(tmp_path / "m0.jsonl"), 0.0025, [2 << 20, 4 << 20])
+    assert (r.reached, r.seconds, r.sent_mb_per_host, r.outer_steps, r.inner_steps) == (True, 7.5, 3.0, 2, 100)
+    assert r.curve == [(4.0, 0.004), (7.5, 0.0024)]
+    missed = diloco._result("sync", diloco.read_log(tmp_path / "m0.jsonl"), 0.001, [0])
+    assert not missed.reached and missed.seconds == 7.5 and missed.final_loss == 0.0024
+
+
+def test_the_table_gives_speed_ups_against_ddp_and_marks_a_missed_target() -> None:
+    rows = [diloco.Result("DDP, gloo", True, 40.0, 400.0, 0.0024, 70, 70, []),
+            diloco.Result("p2pgen DiLoCo H=50", True, 8.0, 40.0, 0.0023, 4, 200, []),
+            diloco.Result("p2pgen DiLoCo H=10", False, 150.0, 90.0, 0.003, 30, 300, [])]
+    text = diloco.format_results(rows, 0.0025, "4 hosts")
+    assert "speed-up vs DDP, gloo" in text and "5.00x" in text and "1.00x" in text and "150.0 (not reached)" in text
+    assert [c.label for c in diloco.configs([10, 50], ["int8"])] == [
+        "DDP, gloo", "p2pgen, synchronous", "p2pgen DiLoCo H=10", "p2pgen DiLoCo H=50",
+        "p2pgen DiLoCo H=10, int8", "p2pgen DiLoCo H=50, int8"]
+    assert diloco.configs([10], ["int8"])[-1].args() == ["--mode", "diloco", "--sync-every", "10",
+                                                          "--compress", "int8"]
+
+
+def test_the_task_gives_every_member_its_own_shard_the_same_way_each_time() -> None:
+    a, b = diloco_task.batch(3, 1, 0, 4), diloco_task.batch(3, 1, 0, 4)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(diloco_task.batch(3, 1, 1, 4)[0], a[0])
+    assert sum(p.numel() for p in diloco_task.mlp(1).parameters()) == 1_181_760
+
+
+def test_bad_options_are_refused_before_anything_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "p2pgen", "bench", "diloco", "--sync-every", "0"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "--sync-every >= 1" in out.stderr
