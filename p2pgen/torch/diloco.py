@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from p2pgen.core.outer import NOT_STARTED, OuterPlan, Round, held_for, offer, plan_outer_step
@@ -117,6 +116,7 @@ class DiLoCo:
         self.overlap = _check_overlap(overlap, self.fragments, self.round_steps)
         self.compress = _check_compress(compress)
         _check_parameters(self._named)
+        self._device = self._named[0][1].device
         for what, optimizer in (("inner_optimizer", inner_optimizer), ("outer_optimizer", outer_optimizer)):
             _check_holds_only(what, optimizer, self._named)
         self._global = {name: p.detach().clone() for name, p in self._named}
@@ -161,7 +161,7 @@ class DiLoCo:
         """
         revision = step.revision
         self._align_replica(revision)
-        agreed = _all_reduce_int(step, offer(self._round, revision), "max")
+        agreed = _all_reduce_int(step, offer(self._round, revision), "max", self._device)
         plan = plan_outer_step(self._round, revision, agreed)
         contributed = self._prepare_round(step, plan)
         ran = self._finish_round(inner) if plan.contribute else 0
@@ -170,7 +170,7 @@ class DiLoCo:
         _trace(step, "outer", revision=revision, generation=step.generation, fragment=fragment,
                weight=plan.weight, round=None if contributed is None else list(_round_fields(contributed)),
                reused=contributed is not None and not plan.start, inner_steps=ran)
-        count = _all_reduce_int(step, plan.weight, "sum")
+        count = _all_reduce_int(step, plan.weight, "sum", self._device)
         if count < 1:
             raise RuntimeError(f"outer step {revision}: no member contributed (agreed offer {agreed}); the "
                                "members do not apply the same contribution rule")
@@ -313,8 +313,8 @@ def _round_fields(held: Round) -> tuple[int, int, int, int]:
     return held.revision, held.generation, held.rank, held.world
 
 
-def _all_reduce_int(step: Any, value: int, op: str) -> int:
-    buf = np.array([value], dtype=np.int64)
+def _all_reduce_int(step: Any, value: int, op: str, device: torch.device) -> int:
+    buf = torch.tensor([value], dtype=torch.int64, device=device)
     step.all_reduce(buf, op=op)
     return int(buf[0])
 
