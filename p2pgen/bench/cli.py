@@ -364,7 +364,7 @@ def _run_diloco(args: argparse.Namespace) -> int:
         print()
         print(diloco.format_faults(*faults, args.faults_every, args.fault_seconds))
     if plots is not None:
-        plots.plot_diloco(results, args.target_loss, hosts.describe(), args.plot)
+        plots.plot_diloco(results, args.target_loss, f"{args.hosts} hosts, every link {args.rate}", args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     print(f"logs: {workdir}", file=sys.stderr)
     return 0
