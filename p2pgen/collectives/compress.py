@@ -99,7 +99,8 @@ def compressed_all_reduce(backend: Backend, buf: Any, *, mode: str, op: ReduceOp
     result = _gather(backend, codec, layout, reduced, flat.elems.dtype)
     left = None
     if residual is not None:
-        left = (x - codec.decode(mine, flat.elems.dtype)).reshape(-1)[:flat.size]
+        with np.errstate(invalid="ignore"):
+            left = (x - codec.decode(mine, flat.elems.dtype)).reshape(-1)[:flat.size]
         lo, hi = layout.elems(backend.rank)
         left[lo:hi] += owner_left.reshape(-1)[:hi - lo]
         left[~np.isfinite(left)] = 0         # a non-finite value is in the result already: do not carry it on
@@ -185,7 +186,8 @@ def _reduce_owned(backend: Backend, codec: "_Codec", layout: _Layout, mine: "_Co
     if op is ReduceOp.AVG:
         total /= dtype.type(n)
     reduced = codec.encode(total)
-    left = total - codec.decode(reduced, dtype)
+    with np.errstate(invalid="ignore"):
+        left = total - codec.decode(reduced, dtype)
     if op is ReduceOp.AVG:
         left *= dtype.type(n)
     return reduced, left
@@ -301,3 +303,28 @@ class _Bf16(_Codec):
 
 
 _CODECS: dict[str, _Codec] = {"int8": _Int8(), "bf16": _Bf16()}
+
+
+class ErrorFeedback:
+    """The error-feedback residual of one buffer's compressed all_reduces on this member: local, never shared
+    state (a joiner or a restarted process starts from zero). It changes only through `adopt`, which
+    `Step` calls when the step that computed the new residual commits, so a step that fails and is retried
+    runs again on the same residual and no feedback is applied twice."""
+
+    def __init__(self) -> None:
+        self.residual: Any = None           # None: nothing left out yet (zeros)
+
+    def current(self, buf: Any) -> Any:
+        """The residual to add to `buf`'s next contribution: the adopted one, or zeros shaped like `buf`."""
+        if self.residual is not None:
+            return self.residual
+        flat = Flat(buf, "compressed_all_reduce buffer")
+        return np.zeros(flat.size, flat.elems.dtype)
+
+    def adopt(self, residual: Any) -> None:
+        """Make `residual` (what a committed step's compressed_all_reduce returned) the current one."""
+        self.residual = residual
+
+    def reset(self) -> None:
+        """Forget the residual (e.g. after the buffer's shape changed)."""
+        self.residual = None
