@@ -60,6 +60,7 @@ from p2pgen.agent.rpc import RpcError, split_addr
 from p2pgen.auth import load_secret
 from p2pgen.channel import Channel, ChannelConfig, ChannelListener, ChannelReceiver
 from p2pgen.collectives import Backend
+from p2pgen.collectives.compress import ErrorFeedback, check_compression, compressed_all_reduce
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
 from p2pgen.core import Command, Fallback, Ready, Reform, Synced
 from p2pgen.core.follower import (
@@ -144,11 +145,40 @@ class Step:
         self.discarded: BaseException | None = None
         self._control_done = False
         self._marks = [(source, source.mark()) for source in _wrapped_errors]
+        self._feedback: list[tuple[ErrorFeedback, Any]] = []     # adopted at commit
+        self._wire_start = _wire_counters(backend)
 
     # --- collectives: the first one also agrees on the step boundary ------------------------------
 
-    def all_reduce(self, buf: Any, op: str = "sum") -> Any:
-        return self._run("all_reduce", buf, op=op)
+    def all_reduce(self, buf: Any, op: str = "sum", compress: str | None = None,
+                   feedback: ErrorFeedback | None = None) -> Any:
+        """Reduce `buf` in place across the generation (see the Backend protocol).
+
+        Args:
+            buf: the buffer (numpy array or tensor the backend takes).
+            op: the reduction ("sum", "avg", ...; compressed: "sum" or "avg").
+            compress: None (full precision), or "bf16" / "int8" on the wire
+                (`p2pgen.collectives.compress`; float32/float64 buffers; the same bits on every member).
+            feedback: with `compress`, an ErrorFeedback for this buffer: its residual joins this member's
+                contribution, and the new one is adopted only if this step commits.
+        Raises:
+            ValueError: an unknown `compress`, `feedback` without `compress`, or one ErrorFeedback used twice
+                in one step.
+        """
+        mode = check_compression(compress)
+        if mode is None:
+            if feedback is not None:
+                raise ValueError("feedback= needs compress='bf16' or 'int8': a full-precision all_reduce leaves "
+                                 "no error to feed back")
+            return self._run("all_reduce", buf, op=op)
+        if feedback is not None and any(fb is feedback for fb, _ in self._feedback):
+            raise ValueError("this ErrorFeedback was already used in this step: give each buffer its own")
+        residual = None if feedback is None else feedback.current(buf)
+        self._begin("all_reduce", compress=mode)
+        left = compressed_all_reduce(self._backend, buf, mode=mode, op=op, residual=residual)
+        if feedback is not None:
+            self._feedback.append((feedback, left))
+        return buf
 
     def broadcast(self, buf: Any, root: int) -> Any:
         return self._run("broadcast", buf, root=root)
@@ -170,14 +200,26 @@ class Step:
         step like the ones above: the step's first collective also agrees on the step boundary."""
         return self._run(name, *args, **kwargs)
 
+    def wire_bytes(self) -> dict[str, int] | None:
+        """Payload bytes and frames this member's links moved since this step began (its collectives and the
+        boundary agreement: `bytes_sent`, `bytes_received`, `frames_sent`, `frames_received`; see
+        `TcpBackend.counters`), or None on a backend that keeps no counters (nccl)."""
+        now = _wire_counters(self._backend)
+        if now is None or self._wire_start is None:
+            return None
+        return {key: now[key] - self._wire_start[key] for key in now}
+
     def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self._begin(name)
+        return getattr(self._backend, name)(*args, **kwargs)
+
+    def _begin(self, name: str, **fields: Any) -> None:
         if self.committed:
             raise RuntimeError(f"{name} after commit(): a committed step runs no more collectives")
         if not self._control_done:
             self._agree_on_boundary()
         self.peer.trace.record("collective", generation=self.generation, op=name, seq=self._backend.op_seq,
-                               revision=self.revision)
-        return getattr(self._backend, name)(*args, **kwargs)
+                               revision=self.revision, **fields)
 
     def _agree_on_boundary(self) -> None:
         control = np.array([self.peer.pending_join_seen()], dtype=np.int64)
@@ -198,6 +240,8 @@ class Step:
             self._agree_on_boundary()      # a step with no collective still agrees on the boundary
         revision = self.peer.state.commit()
         self.committed = True
+        for feedback, residual in self._feedback:
+            feedback.adopt(residual)
         if self.peer.keeper is not None:       # the local copy holds the revision before commit() returns
             self.peer.keeper.committed(self.peer.certificate, self.rank)
         self.peer.trace.record("commit", generation=self.generation, revision=revision)
@@ -222,6 +266,11 @@ class Step:
             if inner is not None:
                 return inner
         return None
+
+
+def _wire_counters(backend: Backend) -> dict[str, int] | None:
+    counters = getattr(backend, "counters", None)
+    return counters() if callable(counters) else None
 
 
 class Peer:
@@ -319,6 +368,11 @@ class Peer:
     @property
     def world(self) -> int | None:
         return self.backend.world if self.backend else None
+
+    def wire_counters(self) -> dict[str, int]:
+        """Payload bytes and frames this process's data plane moved, every generation together
+        (`Transport.wire_counters`)."""
+        return self.transport.wire_counters()
 
     @property
     def generation(self) -> int | None:

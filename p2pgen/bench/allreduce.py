@@ -16,6 +16,12 @@ interleaved rounds: its time beside plain p2pgen's, the cost as the sealed/plain
 over the rounds), and the per-core AES-256-GCM throughput of the frame seal measured in the same run. It composes
 with the other options (`--no-shm`, `--chunk`, `--world`, `--no-gloo`); sizes that take shared memory never leave
 the host and are not sealed, so measure the ring with `--no-shm`.
+
+`compress="int8"` or `"bf16"` (`--compress`) adds a group running p2pgen's compressed all_reduce
+(`p2pgen.collectives.compress`) to the same interleaved rounds: its time beside plain p2pgen's, the
+compressed/plain time ratio, and the payload bytes each rank sends per call on both (the backend's counters,
+rank 0's: every rank sends the same), with their ratio. Plain p2pgen through shared memory sends almost
+nothing: compare with `--no-shm` (or `--hosts`). Not combined with `--encrypt`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,12 @@ class Row:
     sealed_s: float | None = None      # p2pgen with --encrypt, in the same rounds (None: not measured)
     seal_ratio_min: float | None = None   # min and max over the rounds of that round's sealed time / plain time
     seal_ratio_max: float | None = None
+    compress: str | None = None        # the compressed group's mode (None: not measured)
+    compressed_s: float | None = None
+    comp_ratio_min: float | None = None   # min and max over the rounds of that round's compressed / plain time
+    comp_ratio_max: float | None = None
+    sent_bytes: int | None = None         # payload bytes rank 0 sent per call: plain p2pgen, compressed
+    compressed_sent_bytes: int | None = None
 
 
 def parse_size(text: str) -> int:
@@ -66,7 +78,7 @@ def iterations(size: int) -> int:
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
         gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: "EmulatedCluster | None" = None,
-        encrypt: bool = False) -> list[Row]:
+        encrypt: bool = False, compress: str | None = None) -> list[Row]:
     """Time every size on both backends.
 
     Args:
@@ -74,16 +86,25 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
         shm: False starts p2pgen's workers with P2PGEN_SHM=0, so that every size takes the TCP ring.
         hosts: an emulated cluster already created: rank i runs inside host i.
         encrypt: also time p2pgen with sealed links in the same rounds.
+        compress: "int8" or "bf16": also time p2pgen's compressed all_reduce in the same rounds.
     Raises:
-        ValueError: `world` differs from the cluster's host count.
+        ValueError: `world` differs from the cluster's host count; an unknown `compress`; `compress` with
+            `encrypt`.
     """
+    from p2pgen.collectives.compress import check_compression
+
     if hosts is not None and world != len(hosts.names):
         raise ValueError(f"world {world} on an emulated cluster of {len(hosts.names)} hosts: one rank per host")
+    if check_compression(compress) and encrypt:
+        raise ValueError("compress and encrypt: measure one at a time")
     places = [(hosts.names[r], hosts.addrs[r]) for r in range(world)] if hosts else [("", "127.0.0.1")] * world
     plan = [(s, iters or iterations(s)) for s in sizes]
     groups = {"p2pgen": _Group(places, "p2pgen", chunk_bytes, shm)}
     paths: dict[int, str] = {}
+    sent: dict[str, list[int | None]] = {"p2pgen": [None] * len(plan), "compressed": [None] * len(plan)}
     try:
+        if compress:
+            groups["compressed"] = _Group(places, "p2pgen", chunk_bytes, shm, compress=compress)
         if encrypt:
             groups["sealed"] = _Group(places, "p2pgen", chunk_bytes, shm, encrypt=True)
         if gloo:
@@ -93,8 +114,10 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
             for k in range(rounds):
                 names = list(groups) if k % 2 == 0 else list(groups)[::-1]    # who goes first alternates
                 for name in names:
-                    seconds, on_shm = groups[name].time(size, n)
+                    seconds, on_shm, nbytes = groups[name].time(size, n)
                     times[name][i].append(seconds)
+                    if name in sent:
+                        sent[name][i] = nbytes
                     if name == "p2pgen":
                         paths[i] = "shm" if on_shm else "ring"
     finally:
@@ -110,6 +133,11 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
         if encrypt:
             costs = [e / p for p, e in zip(times["p2pgen"][i], times["sealed"][i])]
             row.sealed_s, row.seal_ratio_min, row.seal_ratio_max = med["sealed"][i], min(costs), max(costs)
+        if compress:
+            costs = [c / p for p, c in zip(times["p2pgen"][i], times["compressed"][i])]
+            row.compress, row.compressed_s = compress, med["compressed"][i]
+            row.comp_ratio_min, row.comp_ratio_max = min(costs), max(costs)
+            row.sent_bytes, row.compressed_sent_bytes = sent["p2pgen"][i], sent["compressed"][i]
         rows.append(row)
     return rows
 
@@ -147,6 +175,8 @@ def format_table(world: int, rows: list[Row], where: str = "127.0.0.1", link_bit
     columns and the cost ratio, and `seal_rates` (`seal_throughput()`) as a closing line."""
     if any(r.sealed_s is not None for r in rows):
         return _sealed_table(world, rows, seal_rates, where)
+    if any(r.compressed_s is not None for r in rows):
+        return _compressed_table(world, rows, where)
     head = (f"# all_reduce sum float32, world {world} on {where}, {os.cpu_count()} CPUs\n"
             f"# {'':>24}{'p2pgen':^36}{'torch gloo':^36}\n"
             f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} " * 2
@@ -197,6 +227,33 @@ def _sealed_table(world: int, rows: list[Row], seal_rates: tuple[float, float] |
     return "\n".join(lines)
 
 
+def _compressed_table(world: int, rows: list[Row], where: str) -> str:
+    gloo = any(r.gloo_s is not None for r in rows)
+    mode = rows[0].compress
+    head = (f"# all_reduce sum float32, world {world} on {where}, {os.cpu_count()} CPUs: plain vs compressed "
+            f"({mode})\n"
+            f"# {'':>24}{'p2pgen plain':^36}{f'p2pgen {mode}':^36}" + (f"{'torch gloo':^36}" if gloo else "") + "\n"
+            f"# {'size(B)':>12} {'count':>10} " + f"{'time(us)':>12} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
+            * (3 if gloo else 2) + f"{'comp/plain':>10} {'per round':>11} {'sent plain':>12} {'sent comp':>12} "
+            f"{'sent ratio':>10} {'p2pgen path':>11}")
+    lines = [head]
+    for r in rows:
+        cells = [f"{r.size:>14} {r.count:>10} ", _cells(world, r.size, r.p2pgen_s),
+                 _cells(world, r.size, r.compressed_s)]
+        if gloo:
+            cells.append(_cells(world, r.size, r.gloo_s))
+        cells.append(f"{r.compressed_s / r.p2pgen_s:>10.3f}")
+        cells.append(f" {f'{r.comp_ratio_min:.2f}..{r.comp_ratio_max:.2f}':>11}")
+        ratio = f"{r.compressed_sent_bytes / r.sent_bytes:.3f}" if r.sent_bytes else "-"
+        cells.append(f" {r.sent_bytes:>12} {r.compressed_sent_bytes:>12} {ratio:>10} {r.path:>11}")
+        lines.append("".join(cells))
+    lines.append("# comp/plain: time ratio, median over the interleaved rounds (0.5 = twice as fast); per round: its "
+                 "min..max.\n# busbw of the compressed group: the float32 size over its time, as for plain. sent: "
+                 "payload bytes rank 0 sent per call (the backend's counters).\n# Sizes on the shm path move in "
+                 "memory, not on the wire: compare with --no-shm or --hosts")
+    return "\n".join(lines)
+
+
 def _cells(world: int, size: int, seconds: float | None) -> str:
     if seconds is None:
         return f"{'-':>12} {'-':>11} {'-':>11} "
@@ -212,6 +269,9 @@ def to_json(world: int, rows: list[Row], seal_rates: tuple[float, float] | None 
         if r.sealed_s is not None:
             d["sealed_busbw_GBps"] = busbw(world, r.size, r.sealed_s)
             d["sealed_over_plain"] = r.sealed_s / r.p2pgen_s
+        if r.compressed_s is not None:
+            d["compressed_over_plain"] = r.compressed_s / r.p2pgen_s
+            d["compressed_busbw_GBps"] = busbw(world, r.size, r.compressed_s)
         out.append(d)
     doc = {"world": world, "op": "sum", "dtype": "float32", "rows": out}
     if seal_rates is not None:
@@ -224,7 +284,7 @@ class _Group:
     """`world` worker processes of one backend, idle between the sizes they are told to time."""
 
     def __init__(self, places: list[tuple[str, str]], backend: str, chunk_bytes: int, shm: bool,
-                 encrypt: bool = False) -> None:
+                 encrypt: bool = False, compress: str | None = None) -> None:
         """`places[rank]`: (network namespace, or "" for this one; the address the rank listens on)."""
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
@@ -233,7 +293,7 @@ class _Group:
             for rank in range(len(places)):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_worker, args=(child, backend, rank, places, chunk_bytes, store_port, shm,
-                                                      encrypt), daemon=True)
+                                                      encrypt, compress), daemon=True)
                 p.start()
                 self.pipes.append(parent)
                 self.procs.append(p)
@@ -245,12 +305,13 @@ class _Group:
             self.close()
             raise
 
-    def time(self, size: int, iters: int) -> tuple[float, bool]:
-        """The slowest rank's mean seconds per call, and whether rank 0's calls ran through shared memory."""
+    def time(self, size: int, iters: int) -> tuple[float, bool, int | None]:
+        """The slowest rank's mean seconds per call, whether rank 0's calls ran through shared memory, and the
+        payload bytes rank 0 sent per call (None: gloo, no counters)."""
         for pipe in self.pipes:
             pipe.send((size, iters))
         reports = [pipe.recv() for pipe in self.pipes]
-        return max(seconds for seconds, _ in reports), reports[0][1]
+        return max(seconds for seconds, _, _ in reports), reports[0][1], reports[0][2]
 
     def close(self) -> None:
         stop_workers(self.pipes, self.procs)
@@ -271,7 +332,7 @@ def stop_workers(pipes: list, procs: list) -> None:
 
 
 def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_bytes: int, store_port: int,
-            shm: bool, encrypt: bool) -> None:
+            shm: bool, encrypt: bool, compress: str | None) -> None:
     netns_name, _ = places[rank]
     if netns_name:
         from p2pgen.testing.netns import enter
@@ -284,32 +345,40 @@ def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_
     import torch
 
     torch.set_num_threads(1)
+    counters = None
     if backend == "p2pgen":
-        step, close, on_shm = _p2pgen_step(pipe, rank, places, chunk_bytes, encrypt)
+        step, close, on_shm, counters = _p2pgen_step(pipe, rank, places, chunk_bytes, encrypt, compress)
     else:
         (step, close), on_shm = _gloo_step(rank, places, store_port), lambda: False
     try:
         while (job := pipe.recv()) is not None:
-            pipe.send((_time(step, *job), on_shm()))
+            seconds, nbytes = _time(step, *job, counters)
+            pipe.send((seconds, on_shm(), nbytes))
     finally:
         close()
 
 
-def _time(step, size: int, iters: int) -> float:
+def _time(step, size: int, iters: int, counters=None) -> tuple[float, int | None]:
+    """Mean seconds per call of `step` on `size` bytes of float32, and the payload bytes sent per call."""
     import torch
 
     buf = torch.zeros(size // 4, dtype=torch.float32)
+    buf[::7] = 1.0            # a compressed all_reduce codes values, not just zeros
     for _ in range(max(2, iters // 10)):
         step(buf)
     step(torch.zeros(1))      # line the ranks up
+    before = counters()["bytes_sent"] if counters else 0
     t0 = time.perf_counter()
     for _ in range(iters):
         step(buf)
-    return (time.perf_counter() - t0) / iters
+    seconds = (time.perf_counter() - t0) / iters
+    return seconds, (counters()["bytes_sent"] - before) // iters if counters else None
 
 
-def _p2pgen_step(pipe, rank: int, places: list[tuple[str, str]], chunk_bytes: int, encrypt: bool):
+def _p2pgen_step(pipe, rank: int, places: list[tuple[str, str]], chunk_bytes: int, encrypt: bool,
+                 compress: str | None):
     from p2pgen.collectives import TcpBackend
+    from p2pgen.collectives.compress import compressed_all_reduce
     from p2pgen.testing.cluster import SECRET
     from p2pgen.testing.ports import open_transport
     from p2pgen.transport import Endpoint, Group, TransportConfig
@@ -320,7 +389,11 @@ def _p2pgen_step(pipe, rank: int, places: list[tuple[str, str]], chunk_bytes: in
     ports = pipe.recv()
     members = [Endpoint(f"bench{i}", i + 1, places[i][1], ports[i]) for i in range(len(places))]
     backend = TcpBackend(transport, Group(JOB, 1, members, rank))
-    return backend.all_reduce, transport.close, lambda: backend.shm_active
+    step = backend.all_reduce
+    if compress:
+        def step(buf):
+            return compressed_all_reduce(backend, buf, mode=compress) if buf.numel() > 1 else backend.all_reduce(buf)
+    return step, transport.close, lambda: backend.shm_active, backend.counters
 
 
 def _gloo_step(rank: int, places: list[tuple[str, str]], store_port: int):

@@ -40,6 +40,10 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--encrypt", action="store_true", help="also time p2pgen with sealed links (join --encrypt) in the "
                                                          "same interleaved rounds: the sealed/plain time ratio and "
                                                          "the per-core AES-256-GCM rate (use with --no-shm)")
+    p.add_argument("--compress", choices=("bf16", "int8"), help="also time p2pgen's compressed all_reduce (int8 with "
+                                                               "per-block scales, or bf16) in the same rounds: "
+                                                               "time and bytes sent against plain (use with "
+                                                               "--no-shm or --hosts)")
     add_cluster_arguments(p, "one rank of each backend")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
@@ -110,6 +114,8 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         raise SystemExit(f"p2pgen bench allreduce: {e}") from None
     if args.world < 1 or args.rounds < 1:
         raise SystemExit("p2pgen bench allreduce: --world and --rounds must be at least 1")
+    if args.compress and args.encrypt:
+        raise SystemExit("p2pgen bench allreduce: --compress and --encrypt: measure one at a time")
     plots = _plots_module("allreduce") if args.plot else None
     hosts = _cluster("allreduce", args)
     world = len(hosts.names) if hosts else args.world
@@ -117,7 +123,8 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         if hosts:
             hosts.create()
         rows = allreduce.run(world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
-                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts, encrypt=args.encrypt)
+                             shm=not args.no_shm, rounds=args.rounds, hosts=hosts, encrypt=args.encrypt,
+                             compress=args.compress)
     finally:
         if hosts:
             hosts.remove()

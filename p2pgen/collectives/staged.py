@@ -70,6 +70,10 @@ class HostStagedBackend:
         """Why the inner backend is unusable, or None."""
         return self.inner.failed
 
+    def counters(self) -> dict[str, int]:
+        """The inner backend's wire counters (see `TcpBackend.counters`)."""
+        return self.inner.counters()
+
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         return self._run(lambda b: self.inner.all_reduce(b, op), buf)
 

@@ -27,6 +27,8 @@ Invariants:
   generation: it shares the parent's session (so a generation change or abort fails it the same way, and one
   operation runs at a time across the parent and its subgroups), runs its rings over its members' links, and
   stamps its frames with its own sequence numbers tagged by its member list in the high bits of `op_seq`.
+- Counters (`counters()`): every frame of the generation's links is counted with its payload length as it is
+  posted and as it is delivered, per frame (`p2pgen.transport.stats.WireCounters`).
 - `all_reduce_hook` (None, or set by `p2pgen.collectives.hierarchical.attach` for a zoned generation): an
   all_reduce it `takes` runs through it instead of the flat ring (it counts as one collective); a subgroup
   never has one.
@@ -118,6 +120,12 @@ class TcpBackend:
     def op_seq(self) -> int:
         """Collectives started in this generation (the same number on every member after each one)."""
         return self._op_seq
+
+    def counters(self) -> dict[str, int]:
+        """Payload bytes and frames this member's links of this generation sent and received so far, its
+        subgroups' included (`bytes_sent`, `bytes_received`, `frames_sent`, `frames_received`). An all_reduce
+        through shared memory moves its data in memory: only its small barrier frames are counted."""
+        return self.session.wire.snapshot()
 
     # ---- collectives ---------------------------------------------------------------------------
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:

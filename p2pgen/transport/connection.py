@@ -38,7 +38,7 @@ from p2pgen import faults
 from p2pgen.errors import PeerLost, ProtocolError
 from p2pgen.transport import frame, hooks
 from p2pgen.transport.seal import Seal, SealError
-from p2pgen.transport.stats import RejectCounters
+from p2pgen.transport.stats import RejectCounters, WireCounters
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,9 @@ class Connection:
                  peer: tuple[str, int], rank: int, max_frame_bytes: int, op_timeout: float | None,
                  counters: RejectCounters, on_error: Callable[[Exception], None],
                  addrs: tuple[str, str] | None = None, seal: Seal | None = None,
-                 wake_once: bool = False) -> None:
+                 wake_once: bool = False, wire: WireCounters | None = None) -> None:
         self.sock = sock
+        self._wire = wire if wire is not None else WireCounters()   # payload bytes and frames moved
         self._seal = seal              # None: frames go in the clear
         self._addrs = addrs            # (this end's, the peer's) data address, for injected partitions
         self.peer = peer
@@ -140,6 +141,7 @@ class Connection:
             self._sent += 1
             if self._send_error is not None:
                 raise self._send_error
+        self._wire.sent(payload.nbytes)
         hooks.frame_moved(hooks.COLLECTIVE, "posted", kind, op_seq, chunk, payload.nbytes, self.peer)
         return ticket
 
@@ -218,6 +220,7 @@ class Connection:
                             f"{len(slot.view)} bytes: do all members call the same collectives, in the same "
                             "order, with the same shapes and dtypes?")
             slot.fill((kind, op_seq, chunk))
+            self._wire.received(h.length)
             hooks.frame_moved(hooks.COLLECTIVE, "received", kind, op_seq, chunk, h.length, self.peer)
             return payload_digest
 

@@ -27,7 +27,7 @@ from p2pgen.transport.config import TransportConfig
 from p2pgen.transport.connection import Connection
 from p2pgen.transport.group import Group
 from p2pgen.transport.seal import LinkKeys, Seal
-from p2pgen.transport.stats import RejectCounters
+from p2pgen.transport.stats import RejectCounters, WireCounters
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class Owner(Protocol):
     config: TransportConfig
     key: bytes
     counters: RejectCounters
+    wire: WireCounters
 
     def new_socket(self) -> socket.socket: ...
 
@@ -59,6 +60,7 @@ class Session:
         self._inflight: tuple[str, int] | None = None
         self._abort_lock = threading.Lock()
         self._quiescence: str | None = None
+        self.wire = WireCounters(transport.wire)     # this generation's frames (and the transport's total)
 
     @property
     def generation(self) -> int:
@@ -133,7 +135,7 @@ class Session:
                           counters=self._transport.counters, on_error=self._fail,
                           addrs=(f"{self.group.me.host}:{self.group.me.port}", f"{peer.host}:{peer.port}"),
                           seal=Seal(keys) if keys is not None else None,
-                          wake_once=self.config.socket_buffer_bytes > 0)
+                          wake_once=self.config.socket_buffer_bytes > 0, wire=self.wire)
 
     def admission(self, dialer: tuple[str, int]) -> tuple[str, str] | int:
         """The dialer's rank, or (reason, detail) if it may not dial us in this generation."""

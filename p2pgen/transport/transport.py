@@ -27,7 +27,7 @@ from p2pgen.transport import handshake
 from p2pgen.transport.config import TransportConfig
 from p2pgen.transport.group import Endpoint, Group
 from p2pgen.transport.session import Session
-from p2pgen.transport.stats import RejectCounters
+from p2pgen.transport.stats import RejectCounters, WireCounters
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class Transport:
         self.config = config or TransportConfig()
         self.key = auth.derive_key(secret, job, "data")
         self.counters = RejectCounters()
+        self.wire = WireCounters()           # every generation's data-plane frames (`wire_counters()`)
         self._lock = threading.Lock()
         self._sessions: dict[int, Session] = {}
         self._retired: list[Session] = []
@@ -71,6 +72,11 @@ class Transport:
         out = self.counters.snapshot()
         out["connections_open"] = len(self.open_connections())
         return out
+
+    def wire_counters(self) -> dict[str, int]:
+        """Payload bytes and frames this process's data plane sent and received, every generation together
+        (`stats.WIRE_KEYS`)."""
+        return self.wire.snapshot()
 
     def open_connections(self) -> list[tuple[int, str]]:
         """(generation, peer_id) of every open data connection, parked ones included."""

@@ -69,3 +69,29 @@ def test_cli_encrypt_times_sealed_links_in_the_same_rounds(capsys):
     (row,) = doc["rows"]
     assert row["path"] == "ring" and row["sealed_s"] > 0 and 0 < row["seal_ratio_min"] <= row["seal_ratio_max"]
     assert doc["aes256gcm_one_core_GBps"]["encrypt"] > 0
+
+
+def test_compressed_table_has_both_p2pgen_columns_and_the_bytes_sent():
+    row = allreduce.Row(1 << 20, 1 << 18, 0.010, None, path="ring", compress="int8", compressed_s=0.004,
+                        comp_ratio_min=0.35, comp_ratio_max=0.45, sent_bytes=1572864, compressed_sent_bytes=399360)
+    table = allreduce.format_table(4, [row])
+    assert "p2pgen plain" in table and "p2pgen int8" in table and "sent ratio" in table
+    assert table.splitlines()[3].split()[-6:] == ["0.400", "0.35..0.45", "1572864", "399360", "0.254", "ring"]
+
+
+def test_compress_and_encrypt_are_measured_one_at_a_time():
+    with pytest.raises(SystemExit, match="one at a time"):
+        cli.main(["bench", "allreduce", "--compress", "int8", "--encrypt"])
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "allreduce", "--compress", "fp4"])
+
+
+@pytest.mark.slow               # a third group of worker processes: ~15 s on 2 cores
+@pytest.mark.timeout(90)
+def test_cli_compress_reports_time_and_bytes_sent_beside_plain(capsys):
+    rc = cli.main(["bench", "allreduce", "--world", "2", "--sizes", "128K", "--iters", "3", "--rounds", "2",
+                   "--no-gloo", "--no-shm", "--compress", "bf16", "--json"])
+    assert rc == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["compress"] == "bf16" and row["compressed_s"] > 0
+    assert row["sent_bytes"] == 128 << 10 and row["compressed_sent_bytes"] == 64 << 10    # 2 (w-1)/w of size
