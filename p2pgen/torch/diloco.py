@@ -34,10 +34,8 @@ from typing import Any
 
 import torch
 
+from p2pgen.collectives.compress import ErrorFeedback, check_compression
 from p2pgen.core.outer import NOT_STARTED, OuterPlan, Round, held_for, offer, plan_outer_step
-
-COMPRESSIONS = (None, "bf16", "int8")
-
 
 @dataclass(frozen=True)
 class InnerBatch:
@@ -114,7 +112,7 @@ class DiLoCo:
         self.sync_every, self.fragments = _check_counts(sync_every, fragments, len(self._named))
         self.round_steps = self.sync_every // self.fragments
         self.overlap = _check_overlap(overlap, self.fragments, self.round_steps)
-        self.compress = _check_compress(compress)
+        self.compress = check_compression(compress)
         _check_parameters(self._named)
         self._device = self._named[0][1].device
         for what, optimizer in (("inner_optimizer", inner_optimizer), ("outer_optimizer", outer_optimizer)):
@@ -127,7 +125,7 @@ class DiLoCo:
         self._round_done = 0
         self._next: Round | None = None
         self._next_done = 0
-        self._residual: dict[int, Any] = {}
+        self._feedback = [ErrorFeedback() for _ in range(self.fragments)]   # int8/bf16 residuals, per fragment
         self.inner_steps_run = 0
         self.last: OuterReport | None = None
 
@@ -174,7 +172,7 @@ class DiLoCo:
         if count < 1:
             raise RuntimeError(f"outer step {revision}: no member contributed (agreed offer {agreed}); the "
                                "members do not apply the same contribution rule")
-        reduced, ran_next = self._reduce_overlapped(step, delta, inner)
+        reduced, ran_next = self._reduce_overlapped(step, delta, fragment, inner)
         self._apply(fragment, reduced, count)
         step.commit()
         self._advance(revision)
@@ -245,16 +243,16 @@ class DiLoCo:
                                    device=params[0][1].device)
             return torch.cat([(self._global[name] - p).reshape(-1) for name, p in params])
 
-    def _reduce_overlapped(self, step: Any, delta: torch.Tensor,
+    def _reduce_overlapped(self, step: Any, delta: torch.Tensor, fragment: int,
                            inner: Callable[[InnerBatch], torch.Tensor]) -> tuple[torch.Tensor, int]:
         if not self.overlap:
-            return self._reduce(step, delta), 0
+            return self._reduce(step, delta, fragment), 0
         result: dict[str, Any] = {}
         done = threading.Event()
 
         def reduce() -> None:
             try:
-                result["value"] = self._reduce(step, delta)
+                result["value"] = self._reduce(step, delta, fragment)
             except BaseException as e:          # handed to the step's thread below
                 result["error"] = e
             finally:
@@ -270,14 +268,12 @@ class DiLoCo:
             raise result["error"]
         return result["value"], ran
 
-    def _reduce(self, step: Any, delta: torch.Tensor) -> torch.Tensor:
+    def _reduce(self, step: Any, delta: torch.Tensor, fragment: int) -> torch.Tensor:
         if self.compress is None:
             step.all_reduce(delta, op="sum")
-            return delta
-        return self._reduce_compressed(step, delta)
-
-    def _reduce_compressed(self, step: Any, delta: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("compressed outer all-reduce")
+        else:
+            step.all_reduce(delta, op="sum", compress=self.compress, feedback=self._feedback[fragment])
+        return delta
 
     def _apply(self, fragment: int, reduced: torch.Tensor, count: int) -> None:
         """The outer optimizer on the fragment's global values; the replica's fragment takes them."""
@@ -346,12 +342,6 @@ def _check_overlap(overlap: Any, fragments: int, round_steps: int) -> int:
     return overlap
 
 
-def _check_compress(compress: Any) -> str | None:
-    if compress not in COMPRESSIONS:
-        raise ValueError(f"compress={compress!r}: choose one of {', '.join(map(repr, COMPRESSIONS))}")
-    return compress
-
-
 def _check_parameters(named: Sequence[tuple[str, torch.Tensor]]) -> None:
     kinds = {(p.dtype, p.device) for _, p in named}
     if len(kinds) > 1:
@@ -401,4 +391,4 @@ def _fragment_groups(sizes: Sequence[int], fragments: int) -> list[list[int]]:
     return groups
 
 
-__all__ = ["COMPRESSIONS", "NOT_STARTED", "DiLoCo", "InnerBatch", "OuterReport"]
+__all__ = ["NOT_STARTED", "DiLoCo", "InnerBatch", "OuterReport"]

@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from p2pgen.collectives.compress import compressed_all_reduce
 from p2pgen.errors import GenerationChanged, PeerLost
 from p2pgen.testing.cluster import LocalCluster
 from p2pgen.torch.diloco import DiLoCo, InnerBatch
@@ -25,15 +26,22 @@ class FakeStep:
         self.revision, self.generation = member.revision, backend.generation
         self.rank, self.world = backend.rank, backend.world
         self.reduces = 0
+        self.adopt = []                 # (ErrorFeedback, residual) adopted at commit, as Step does
         self.fail_on = fail_on          # raise PeerLost at this all-reduce (0-based) of the step
 
-    def all_reduce(self, buf, op="sum"):
+    def all_reduce(self, buf, op="sum", compress=None, feedback=None):
         if self.fail_on == self.reduces:
             raise PeerLost("a member vanished (test)")
         self.reduces += 1
-        return self.backend.all_reduce(buf, op=op)
+        if compress is None:
+            return self.backend.all_reduce(buf, op=op)
+        left = compressed_all_reduce(self.backend, buf, mode=compress, op=op, residual=feedback.current(buf))
+        self.adopt.append((feedback, left))
+        return buf
 
     def commit(self) -> int:
+        for feedback, left in self.adopt:
+            feedback.adopt(left)
         self.member.revision += 1
         return self.member.revision
 
@@ -205,6 +213,36 @@ class _Raising(FakeStep):
             threading.Event().wait(0.05)
             raise GenerationChanged("a new generation (test)")
         return super().all_reduce(buf, op)
+
+
+def _trained(compress, steps: int = 4) -> list[torch.Tensor]:
+    torch.set_num_threads(1)
+    members = []
+    for _ in range(3):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+        members.append((model, DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=0.01),
+                                      torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True),
+                                      sync_every=3, compress=compress)))
+
+    def outer(backend, revision):
+        model, diloco = members[backend.rank]
+        x = torch.linspace(-1, 1, 16 * 8).reshape(8, 16) * (backend.rank + 1)
+        holder = type("M", (), {"revision": revision})()
+        return diloco.outer_step(FakeStep(holder, backend), lambda b: model(x + b.index).pow(2).mean())
+
+    with LocalCluster(3) as cluster:
+        for revision in range(steps):
+            cluster.run(lambda b: outer(b, revision), cluster.backends(revision + 1))
+    return [torch.cat([t.reshape(-1) for t in d.tensors().values()]) for _, d in members]
+
+
+def test_a_compressed_outer_all_reduce_is_bit_identical_and_close_to_the_full_one() -> None:
+    full = _trained(None)[0]
+    for mode, tolerance in (("int8", 0.05), ("bf16", 0.02)):
+        states = _trained(mode)
+        assert all(torch.equal(states[0], s) for s in states[1:]), f"{mode}: members differ"
+        assert 0 < (states[0] - full).abs().max() < tolerance, mode
 
 
 @pytest.mark.parametrize("kwargs, message", [
