@@ -79,6 +79,7 @@ def run_ddp(args: argparse.Namespace, log: Log) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.rank, world_size=args.world)
     model = torch.nn.parallel.DistributedDataParallel(mlp(1))
     opt = torch.optim.AdamW(model.parameters(), lr=INNER_LR)
+    _prime(model, opt)                     # the same optimizer history as the synchronous p2pgen mode
     log.write("start")
     step = 0
     while True:
