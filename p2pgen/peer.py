@@ -68,13 +68,13 @@ from p2pgen.core.follower import (
 )
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
+from p2pgen.progress import Progress
 from p2pgen.state import (
     CheckpointError, ServerConfig, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, StateSyncError,
     pull_state,
 )
 from p2pgen.state.pull import PullConfig
 from p2pgen.state.shardpull import pull_shards
-from p2pgen.stress.progress import Progress
 from p2pgen.transport import Endpoint, Group, Transport, TransportConfig, seal
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,13 @@
-"""The package imports lazily: the pure layers load without the data plane, and every public name resolves."""
+"""The package imports lazily: the pure layers load without the data plane, every public name resolves, and the
+runtime imports nothing from the lab (bench, chaos, stress, simulator, testing)."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,58 @@ import p2pgen
 pytestmark = pytest.mark.timeout(60)
 
 HEAVY = ("numpy", "msgpack", "p2pgen.transport", "p2pgen.collectives", "torch")
+PACKAGE = Path(p2pgen.__file__).parent
+LAB = ("bench", "chaos", "stress", "simulator", "testing")
+LAB_NAME = re.compile(r"p2pgen\.(%s)(\.\w+)*" % "|".join(LAB))
+# The one runtime module allowed to name the lab: the command line registers the lab's subcommands from the
+# module names in its COMMAND_MODULES (strings, imported only while it builds the parser).
+NAMES_THE_LAB = {"cli.py"}
+
+
+def _runtime_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in LAB)
+
+
+def _is_lab(module: str) -> bool:
+    return any(module == f"p2pgen.{lab}" or module.startswith(f"p2pgen.{lab}.") for lab in LAB)
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = ("p2pgen",) + path.relative_to(PACKAGE).parent.parts
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ((node.module,) if node.module else ()))
+
+
+def _imported(path: Path, node: ast.AST) -> list[str]:
+    """The modules `node` imports (a `from M import N` may import the submodule M.N), or names as a string that
+    `importlib.import_module` could import (a docstring that mentions a module is not a full match)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        module = _absolute(path, node)
+        return [module] + [f"{module}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and LAB_NAME.fullmatch(node.value):
+        return [] if path.relative_to(PACKAGE).as_posix() in NAMES_THE_LAB else [node.value]   # import_module(...)
+    return []
+
+
+def test_the_runtime_imports_nothing_from_the_lab() -> None:
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports {module}"
+             for path in _runtime_files() for node in ast.walk(ast.parse(path.read_text(), str(path)))
+             for module in _imported(path, node) if _is_lab(module)]
+    assert not found, "the runtime must not import the lab (move what it needs into the runtime):\n" + \
+        "\n".join(found)
+
+
+def test_the_scan_sees_every_kind_of_lab_import(tmp_path: Path) -> None:
+    source = ("import p2pgen.stress.plan\nfrom p2pgen import chaos\nfrom ..bench import cli\n"
+              "importlib.import_module('p2pgen.simulator')\nfrom p2pgen.state import SharedState\n")
+    path = PACKAGE / "agent" / "example.py"
+    modules = [m for node in ast.walk(ast.parse(source)) for m in _imported(path, node) if _is_lab(m)]
+    assert sorted(modules) == ["p2pgen.bench", "p2pgen.bench.cli", "p2pgen.chaos", "p2pgen.simulator",
+                               "p2pgen.stress.plan"]
 
 
 @pytest.mark.parametrize("module", ["p2pgen.core", "p2pgen.detect"])

@@ -33,10 +33,10 @@ from typing import Any, Callable
 from p2pgen import faults
 from p2pgen.agent.client import AgentClient
 from p2pgen.errors import P2PGenError
+from p2pgen.progress import ENV as PROGRESS_ENV
+from p2pgen.progress import CommitLog, write_stop
 from p2pgen.raft import checker
 from p2pgen.stress import plan, verdict
-from p2pgen.stress.progress import ENV as PROGRESS_ENV
-from p2pgen.stress.progress import CommitLog, write_stop
 from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
 from p2pgen.testing.netns import EmulatedCluster
 

@@ -24,7 +24,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from p2pgen.stress.progress import Commit
+from p2pgen.progress import Commit
 
 RECOVERY_LIMIT_S = 10.0
 

@@ -1,7 +1,8 @@
-"""Committed-step reports from a training application to the `p2pgen stress` harness, and back a stop.
+"""Committed-step reports from a training application to the harness that started it, and back a stop.
 
-Owns the file protocol between them, under `$P2PGEN_PROGRESS_DIR` (set by the harness; without it
-every call here is a no-op, so an example that reports progress runs unchanged elsewhere):
+Owns the file protocol between them, both sides (the runtime's step loop writes it, `join --local --chaos`
+and the `p2pgen stress` harness read it), under `$P2PGEN_PROGRESS_DIR` (set by the harness; without it
+every call here is a no-op, so an application that reports progress runs unchanged elsewhere):
 - the application appends one JSON line per committed step to `DIR/<peer>-<incarnation>.jsonl`:
   `{"t", "peer", "incarnation", "generation", "revision", "digest"}` (`revision` is the revision the
   step committed, `digest` the state's digest right after it); one `write()` per line, so a SIGKILL

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from p2pgen.state import SharedState
-from p2pgen.stress.progress import ENV, CommitLog, Progress, write_stop
+from p2pgen.progress import ENV, CommitLog, Progress, write_stop
 
 pytestmark = pytest.mark.timeout(30)
 
