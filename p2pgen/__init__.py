@@ -33,7 +33,13 @@ if TYPE_CHECKING:
     from p2pgen.core.ownership import Partition, plan_ownership
     from p2pgen.data import ElasticLoader, ElasticSampler
     from p2pgen.errors import (
-        AgentLost, AuthenticationError, BarrierTimeout, Evicted, GenerationChanged, P2PGenError, PeerLost,
+        AgentLost,
+        AuthenticationError,
+        BarrierTimeout,
+        Evicted,
+        GenerationChanged,
+        P2PGenError,
+        PeerLost,
         ProtocolError,
     )
     from p2pgen.peer import Peer, Step, current_peer, join

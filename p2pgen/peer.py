@@ -63,14 +63,38 @@ from p2pgen.collectives import Backend
 from p2pgen.collectives.select import backend_factory, check_kind, offer_comm_id
 from p2pgen.core import Command, Fallback, Ready, Reform, Synced
 from p2pgen.core.follower import (
-    CERTIFIED, REFORM_AFTER_S, Action, Activate, AskFallback, AskReform, Exit, Fetch, FetchShards, Follower,
-    FollowerPolicy, Local, NoteHold, ReportSynced, Retire, RunStep, Stop, Vote, Wait,
+    CERTIFIED,
+    REFORM_AFTER_S,
+    Action,
+    Activate,
+    AskFallback,
+    AskReform,
+    Exit,
+    Fetch,
+    FetchShards,
+    Follower,
+    FollowerPolicy,
+    Local,
+    NoteHold,
+    ReportSynced,
+    Retire,
+    RunStep,
+    Stop,
+    Vote,
+    Wait,
 )
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.progress import Progress
 from p2pgen.state import (
-    CheckpointError, ServerConfig, SharedState, Source, StateKeeper, StateKeeperConfig, StateServer, StateSyncError,
+    CheckpointError,
+    ServerConfig,
+    SharedState,
+    Source,
+    StateKeeper,
+    StateKeeperConfig,
+    StateServer,
+    StateSyncError,
     pull_state,
 )
 from p2pgen.state.pull import PullConfig

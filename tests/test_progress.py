@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from p2pgen.state import SharedState
 from p2pgen.progress import ENV, CommitLog, Progress, write_stop
+from p2pgen.state import SharedState
 
 pytestmark = pytest.mark.timeout(30)
 

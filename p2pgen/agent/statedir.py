@@ -21,10 +21,15 @@ import tempfile
 from dataclasses import dataclass, field
 
 from p2pgen.core import DEFAULT_REGRESS_WAIT
-from p2pgen.state.localcopy import CopyInfo, LocalCopy
 from p2pgen.state.keeper import (
-    ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_KEEP, ENV_LOCAL, ENV_LOCAL_EVERY, ENV_RESTORE,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY,
+    ENV_CHECKPOINT_KEEP,
+    ENV_LOCAL,
+    ENV_LOCAL_EVERY,
+    ENV_RESTORE,
 )
+from p2pgen.state.localcopy import CopyInfo, LocalCopy
 
 SHM = "/dev/shm"
 

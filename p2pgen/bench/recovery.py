@@ -42,9 +42,9 @@ from typing import Any, Callable
 from p2pgen.bench.breakdown import fault_phases, format_phases, summarize_phases
 from p2pgen.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, settings_text
 from p2pgen.bench.table import aligned
+from p2pgen.termprogress import TermProgress
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen.testing.netns import EmulatedCluster
-from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead", "drain")
@@ -579,7 +579,7 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
 
 
 def _drain_section():
-    from p2pgen.bench import drain      # it builds on this module's step loop
+    from p2pgen.bench import drain  # it builds on this module's step loop
     return drain
 
 

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from p2pgen.state import LocalCopy, SharedState, list_checkpoints, load_checkpoint, write_checkpoint
 from p2pgen.bench.catchup import catchup_throughput
+from p2pgen.state import LocalCopy, SharedState, list_checkpoints, load_checkpoint, write_checkpoint
 from p2pgen.testing.agents import Cluster, free_control_ports
 
 PEERS = ("s0", "s1", "s2")

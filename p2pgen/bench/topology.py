@@ -28,7 +28,8 @@ from p2pgen.bench.allreduce import stop_workers
 
 if TYPE_CHECKING:
     from p2pgen.core.model import Topology
-    from p2pgen.testing.netns import EmulatedCluster, Topology as Shape
+    from p2pgen.testing.netns import EmulatedCluster
+    from p2pgen.testing.netns import Topology as Shape
 
 JOB = "bench-topology"
 PROBE_PORT = 23500                 # every host is its own namespace: fixed ports do not collide

@@ -38,8 +38,20 @@ from p2pgen import auth
 from p2pgen.channel.config import BATCHED, EXACTLY_ONCE, ChannelConfig, check_mode
 from p2pgen.channel.log import ConsumedSet
 from p2pgen.channel.receiver import _tune
-from p2pgen.channel.wire import ACK, DATA, LOG, OPEN, Stamp, encode, frame_bytes, parse_header, read_payload, \
-    recv_control, send_control, write_frame
+from p2pgen.channel.wire import (
+    ACK,
+    DATA,
+    LOG,
+    OPEN,
+    Stamp,
+    encode,
+    frame_bytes,
+    parse_header,
+    read_payload,
+    recv_control,
+    send_control,
+    write_frame,
+)
 from p2pgen.errors import EncryptionMismatch, Evicted, GenerationChanged, P2PGenError, PeerLost, ProtocolError
 from p2pgen.transport import frame, handshake
 from p2pgen.transport.group import Endpoint

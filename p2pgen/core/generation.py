@@ -46,15 +46,44 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from p2pgen.core.frontier import elect_frontier
+from p2pgen.core.model import (
+    DEFAULT_REGRESS_WAIT,
+    QUIESCENCE_VALUES,
+    Activated,
+    ActivationHeld,
+    Certificate,
+    CheckpointRef,
+    Command,
+    Configure,
+    Effect,
+    Election,
+    Fallback,
+    FrontierElected,
+    HistoryEntry,
+    Hold,
+    Kept,
+    Leave,
+    Links,
+    LogPosition,
+    Member,
+    MemberEvicted,
+    Outcome,
+    ProposalAbandoned,
+    ProposalOpened,
+    Ready,
+    ReadyVote,
+    Reform,
+    Reformed,
+    Register,
+    RestartRequired,
+    Suspect,
+    Synced,
+    Tombstone,
+    Topology,
+)
 from p2pgen.core.ownership import Partition, parse_layout, parse_shards
 from p2pgen.core.shards import elect_shards
 from p2pgen.core.topology import check_zone, parse_rates, ring_order
-from p2pgen.core.model import (
-    DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
-    Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
-    Kept, Links, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed,
-    Register, RestartRequired, Suspect, Synced, Tombstone, Topology,
-)
 
 HISTORY_LIMIT = 64
 LINKS_LIMIT = 4096          # measured (from, to) host pairs kept; the oldest report goes first

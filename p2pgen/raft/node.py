@@ -27,9 +27,9 @@ import random
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 

@@ -7,9 +7,8 @@ figure a legend.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import textwrap
+from pathlib import Path
 
 import matplotlib
 import matplotlib.ticker
@@ -21,8 +20,16 @@ import numpy as np  # noqa: E402
 from p2pgen.simulator.engine import Run  # noqa: E402
 from p2pgen.simulator.report import P2PGEN_MTBF, ChurnResult, DetectorResult  # noqa: E402
 from p2pgen.simulator.tables import (  # noqa: E402
-    FIXED_ROW, MTBFS, P2PGEN_ROW, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS, TIMEOUTS,
-    agent_default_detector, describe_detector,
+    FIXED_ROW,
+    MTBFS,
+    P2PGEN_ROW,
+    P2PGEN_TIMEOUTS,
+    PHI_FLOORS,
+    SEED_MTBF_ROWS,
+    SEED_TIMEOUT_ROWS,
+    TIMEOUTS,
+    agent_default_detector,
+    describe_detector,
 )
 
 BAND_COLORS = {"hang": "darkred", "reconfigure": "salmon", "false eviction": "tab:purple"}

@@ -12,9 +12,28 @@ from p2pgen.simulator.costs import RecoveryCosts
 from p2pgen.simulator.engine import Run, simulate
 from p2pgen.simulator.model import Scenario
 from p2pgen.simulator.tables import (
-    FIXED_ROW, MTBFS, P2PGEN_ROW, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_ASSUMPTIONS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS,
-    TIMEOUTS, Summary, agent_default_detector, best, describe_detector, ladder, ladder_rows, mtbf_sweep,
-    p2pgen_scenario, phi_sweep, seed_scenario, share_rows, summarize, timeout_sweep,
+    FIXED_ROW,
+    MTBFS,
+    P2PGEN_ROW,
+    P2PGEN_TIMEOUTS,
+    PHI_FLOORS,
+    SEED_ASSUMPTIONS,
+    SEED_MTBF_ROWS,
+    SEED_TIMEOUT_ROWS,
+    TIMEOUTS,
+    Summary,
+    agent_default_detector,
+    best,
+    describe_detector,
+    ladder,
+    ladder_rows,
+    mtbf_sweep,
+    p2pgen_scenario,
+    phi_sweep,
+    seed_scenario,
+    share_rows,
+    summarize,
+    timeout_sweep,
 )
 
 SHARES = (0.0, 0.5, 0.8, 1.0)

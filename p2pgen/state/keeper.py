@@ -29,7 +29,12 @@ from typing import Any, Mapping
 from p2pgen.core import Frontier
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.state.checkpoint import (
-    CheckpointError, CheckpointInfo, list_checkpoints, load_checkpoint, quarantine, write_checkpoint,
+    CheckpointError,
+    CheckpointInfo,
+    list_checkpoints,
+    load_checkpoint,
+    quarantine,
+    write_checkpoint,
 )
 from p2pgen.state.localcopy import LocalCopy, LocalCopyError
 from p2pgen.state.shardckpt import find_shards, load_shards, prune_shards, write_shards

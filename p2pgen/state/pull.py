@@ -48,8 +48,16 @@ from p2pgen.core.model import Frontier
 from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.state import tensors as tz
 from p2pgen.state import wire
-from p2pgen.state.shared import (DIGEST_BLOCK, Manifest, SharedState, block_count, block_digests,
-                                 block_of_chunk, digest_of_blocks, manifest_digest)
+from p2pgen.state.shared import (
+    DIGEST_BLOCK,
+    Manifest,
+    SharedState,
+    block_count,
+    block_digests,
+    block_of_chunk,
+    digest_of_blocks,
+    manifest_digest,
+)
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 from p2pgen.transport import handshake
 from p2pgen.transport.seal import Seal

@@ -13,8 +13,7 @@ import socket
 import struct
 
 from p2pgen import auth
-from p2pgen.transport import FrameKind
-from p2pgen.transport import frame, handshake
+from p2pgen.transport import FrameKind, frame, handshake
 from p2pgen.transport.group import Endpoint
 from p2pgen.transport.seal import Seal
 

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 
+from follower_transcript import FollowerInterpreter, Member
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-from follower_transcript import FollowerInterpreter, Member
 
 PEERS = ("a", "b", "c", "d")
 SETTLE_ROUNDS = 40

@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pgen.core.ownership import (
-    Partition, bytes_to_reach, layout_text, naive_ownership, parse_layout, parse_shards, plan_ownership, shards_text,
+    Partition,
+    bytes_to_reach,
+    layout_text,
+    naive_ownership,
+    parse_layout,
+    parse_shards,
+    plan_ownership,
+    shards_text,
 )
 
 pytestmark = pytest.mark.timeout(120)

@@ -46,9 +46,32 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from p2pgen.core import (
-    DEFAULT_REGRESS_WAIT, ActivationHeld, Activated, CheckpointRef, Configure, Election, Fallback, Frontier,
-    FrontierElected, GenerationMachine, Leave, Links, LogPosition, Member, MemberEvicted, ProposalAbandoned,
-    ProposalOpened, Pull, Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, elect_frontier,
+    DEFAULT_REGRESS_WAIT,
+    Activated,
+    ActivationHeld,
+    CheckpointRef,
+    Configure,
+    Election,
+    Fallback,
+    Frontier,
+    FrontierElected,
+    GenerationMachine,
+    Leave,
+    Links,
+    LogPosition,
+    Member,
+    MemberEvicted,
+    ProposalAbandoned,
+    ProposalOpened,
+    Pull,
+    Ready,
+    ReadyVote,
+    Reform,
+    Register,
+    RestartRequired,
+    Suspect,
+    Synced,
+    elect_frontier,
 )
 from p2pgen.core.generation import HISTORY_LIMIT
 from p2pgen.core.render import render_state, state_json

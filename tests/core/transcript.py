@@ -60,12 +60,31 @@ import shlex
 from dataclasses import dataclass, field
 
 from p2pgen.core import (
-    DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Kept, Leave, LogPosition, Ready,
-    Links, Reform, Register, Suspect, Synced,
+    DEFAULT_REGRESS_WAIT,
+    Certificate,
+    Configure,
+    Fallback,
+    GenerationMachine,
+    Kept,
+    Leave,
+    Links,
+    LogPosition,
+    Ready,
+    Reform,
+    Register,
+    Suspect,
+    Synced,
 )
 from p2pgen.core.render import (
-    history_json, member_list, render_outcome, render_ownership, render_pull, render_shard_pull, render_state,
-    render_topology, state_json,
+    history_json,
+    member_list,
+    render_outcome,
+    render_ownership,
+    render_pull,
+    render_shard_pull,
+    render_state,
+    render_topology,
+    state_json,
 )
 
 SEPARATOR = "----"

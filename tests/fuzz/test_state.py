@@ -15,13 +15,13 @@ import struct
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen import auth
 from p2pgen.core.model import Frontier
 from p2pgen.errors import P2PGenError
-from p2pgen.state import PullConfig, ServerConfig, SharedState, Source, StateServer, pull_state
-from p2pgen.state import wire
+from p2pgen.state import PullConfig, ServerConfig, SharedState, Source, StateServer, pull_state, wire
 from p2pgen.transport import handshake
 from tests.fuzz.conftest import FUZZ, bind_free_port, raw_connect, send_and_close, total, wait_until
 

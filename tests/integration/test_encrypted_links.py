@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from p2pgen.channel import Channel, ChannelConfig
-from p2pgen.collectives import TcpBackend
-from p2pgen.collectives import shm
+from p2pgen.collectives import TcpBackend, shm
 from p2pgen.core.model import Frontier
 from p2pgen.errors import EncryptionMismatch, PeerLost, ProtocolError
 from p2pgen.state import PullConfig, ServerConfig, StateSyncError, pull_state
 from p2pgen.testing.ports import open_transport
 from p2pgen.transport import Endpoint, Group, TransportConfig
-from tests.channel.conftest import JOB as CHANNEL_JOB, SECRET as CHANNEL_SECRET, open_listener
+from tests.channel.conftest import JOB as CHANNEL_JOB
+from tests.channel.conftest import SECRET as CHANNEL_SECRET
+from tests.channel.conftest import open_listener
 from tests.state.helpers import JOB, SECRET, make_state, open_server, source_of
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,12 @@ import pytest
 from p2pgen.core import Frontier, Member
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.state import (
-    CheckpointError, StateKeeper, StateKeeperConfig, list_checkpoints, load_checkpoint, write_checkpoint,
+    CheckpointError,
+    StateKeeper,
+    StateKeeperConfig,
+    list_checkpoints,
+    load_checkpoint,
+    write_checkpoint,
 )
 from p2pgen.state import checkpoint as ck
 from tests.state.helpers import make_state

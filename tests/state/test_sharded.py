@@ -8,9 +8,8 @@ import pytest
 from p2pgen.core.model import ShardPull
 from p2pgen.core.ownership import parse_layout, parse_shards
 from p2pgen.core.view import JobView
-from p2pgen.state import wire
+from p2pgen.state import ShardMismatch, SharedState, wire
 from p2pgen.transport import hooks
-from p2pgen.state import SharedState, ShardMismatch
 
 pytestmark = pytest.mark.timeout(30)
 
