@@ -50,8 +50,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -150,17 +151,17 @@ class PeerObserver:
     faults and records activations here). `before` runs before an action is performed; `after` once it was,
     with its result: True done, False refused by the job, None not possible now. The default does nothing."""
 
-    def before(self, peer: "Peer", action: Action) -> None:
+    def before(self, peer: Peer, action: Action) -> None:
         pass
 
-    def after(self, peer: "Peer", action: Action, ok: bool | None) -> None:
+    def after(self, peer: Peer, action: Action, ok: bool | None) -> None:
         pass
 
 
 class Step:
     """One training step of one generation. Use as a context manager (see the module docstring)."""
 
-    def __init__(self, peer: "Peer", backend: Backend) -> None:
+    def __init__(self, peer: Peer, backend: Backend) -> None:
         self.peer, self._backend = peer, backend
         self.generation, self.rank, self.world = backend.generation, backend.rank, backend.world
         self.revision = peer.state.revision           # the revision this step will commit as revision + 1
@@ -227,7 +228,7 @@ class Step:
         self.peer.trace.record("commit", generation=self.generation, revision=revision)
         return revision
 
-    def __enter__(self) -> "Step":
+    def __enter__(self) -> Step:
         return self
 
     def __exit__(self, kind: type | None, err: BaseException | None, tb: Any) -> bool:
@@ -255,7 +256,7 @@ class Peer:
                  secret: bytes, data_addr: str, state_addr: str, trace_path: str | None = None,
                  reform_after: float = REFORM_AFTER_S, backend: str = "tcp", channel_addr: str | None = None,
                  channel_dir: str | None = None, keep: StateKeeperConfig | None = None,
-                 policy: FollowerPolicy = CERTIFIED, observer: "PeerObserver | None" = None,
+                 policy: FollowerPolicy = CERTIFIED, observer: PeerObserver | None = None,
                  shard_pull_config: PullConfig = PullConfig(), encrypt: bool = False) -> None:
         self.job, self.state, self.peer_id, self.incarnation = job, state, peer_id, incarnation
         self.backend_kind = check_kind(backend)

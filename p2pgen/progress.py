@@ -39,7 +39,7 @@ class Progress:
             self._fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     @classmethod
-    def from_env(cls, peer: Any) -> "Progress":
+    def from_env(cls, peer: Any) -> Progress:
         return cls(os.environ.get(ENV), peer.peer_id, peer.incarnation)
 
     def committed(self, step: Any) -> None:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 HEAVY = ("numpy", "msgpack", "p2pgen.transport", "p2pgen.collectives", "torch")
 PACKAGE = Path(p2pgen.__file__).parent
 LAB = ("bench", "chaos", "stress", "simulator", "testing")
-LAB_NAME = re.compile(r"p2pgen\.(%s)(\.\w+)*" % "|".join(LAB))
+LAB_NAME = re.compile(rf"p2pgen\.({'|'.join(LAB)})(\.\w+)*")
 # The one runtime module allowed to name the lab: the command line registers the lab's subcommands from the
 # module names in its COMMAND_MODULES (strings, imported only while it builds the parser).
 NAMES_THE_LAB = {"cli.py"}

@@ -116,7 +116,7 @@ class Message:
 
     __slots__ = ("seq", "generation", "incarnation", "encoding", "_rx", "_conn", "_slot")
 
-    def __init__(self, rx: "ChannelReceiver", conn: _Conn, seq: int, encoding: int, slot: Slot) -> None:
+    def __init__(self, rx: ChannelReceiver, conn: _Conn, seq: int, encoding: int, slot: Slot) -> None:
         self.seq = seq
         self.generation = conn.generation
         self.incarnation = conn.sender[1]

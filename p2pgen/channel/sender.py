@@ -32,7 +32,7 @@ import logging
 import socket
 import struct
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from p2pgen import auth
 from p2pgen.channel.config import BATCHED, EXACTLY_ONCE, ChannelConfig, check_mode
@@ -155,8 +155,9 @@ class Channel:
         """
         item = encode(payload)
         with self._cond:
-            ready = lambda: self._failed or self._closed or (
-                self._link is not None and len(self._unacked) < self.config.window)
+            def ready() -> bool:
+                return bool(self._failed or self._closed or (
+                    self._link is not None and len(self._unacked) < self.config.window))
             if not self._cond.wait_for(ready, timeout):
                 raise TimeoutError(f"window of {self.config.window} still full after {timeout}s")
             self._raise_if_done()

@@ -53,7 +53,9 @@ __all__ = [
     "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
     "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
     "GenerationMachine", "Hold", "HistoryEntry", "Kept", "Leave", "Links", "LogPosition", "Member", "MemberEvicted",
-    "Outcome", "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed", "Register",
-    "RestartRequired", "ShardPull", "ObjectRecord", "OwnershipPlan", "Partition", "plan_ownership", "Suspect", "Synced", "Tombstone",
+    "Outcome", "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed",
+    "Register",
+    "RestartRequired", "ShardPull", "ObjectRecord", "OwnershipPlan", "Partition", "plan_ownership", "Suspect", "Synced",
+    "Tombstone",
     "Topology", "elect_frontier", "retirement_reason",
 ]

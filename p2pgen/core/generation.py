@@ -2,7 +2,8 @@
 
 Owns: the replicated state of one job (DESIGN, "The generation protocol"): members with
 incarnations (and zones), the active certificate, the pending proposal, tombstones, the last incarnation seen
-per peer, the link rates the agents measured, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
+per peer, the link rates the agents measured, and a bounded history. Every peer applies the same commands in the
+same (Raft log) order and so
 holds the same state (I1).
 
 Invariants kept (checked by tests/core after every step):
@@ -571,7 +572,8 @@ class GenerationMachine:
         except ValueError as e:
             return f"any shard it can name ({e})"
         missing = [f"{sp.object_id}[{sp.index}]" for sp in shard_pulls
-                   if (sp.object_id, sp.index) not in held or (sp.digest and held[(sp.object_id, sp.index)] != sp.digest)]
+                   if (sp.object_id, sp.index) not in held
+                   or (sp.digest and held[(sp.object_id, sp.index)] != sp.digest)]
         return ", ".join(missing)
 
     # --- validation helpers ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from p2pgen.core.model import Member, Topology
 

@@ -44,7 +44,8 @@ def detector_figure(r: DetectorResult, path: str | Path) -> None:
     left.plot(TIMEOUTS, [s.fp_cost for s in rows], "-o", color="tab:purple", label="false positives (evict + rejoin)")
     left.plot(TIMEOUTS, [s.reconfig_cost for s in rows], "-o", color="lightcoral",
               label="reconfiguring after deaths")
-    left.plot(TIMEOUTS, [s.additive_overhead for s in rows], "-", color="black", lw=2, label="total (additive, as the seed)")
+    left.plot(TIMEOUTS, [s.additive_overhead for s in rows], "-", color="black", lw=2,
+              label="total (additive, as the seed)")
     left.plot(TIMEOUTS, [s.overhead for s in rows], "--", color="black", label="total (overlapping stalls merged)")
     ts = sorted(SEED_TIMEOUT_ROWS)
     left.plot(ts, [SEED_TIMEOUT_ROWS[t][2] for t in ts], "s", ms=9, mfc="none", mec="tab:green", mew=2,

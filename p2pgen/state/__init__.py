@@ -32,5 +32,6 @@ from p2pgen.state.shared import Entry, Manifest, SharedState
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 
 __all__ = ["CheckpointError", "CheckpointInfo", "DigestMismatch", "Entry", "LocalCopy", "LocalCopyError", "Manifest",
-           "PullConfig", "PullReport", "ServerConfig", "ShardMismatch", "ShardedObject", "SharedState", "Source", "StateKeeper", "StateKeeperConfig",
+           "PullConfig", "PullReport", "ServerConfig", "ShardMismatch", "ShardedObject", "SharedState", "Source",
+           "StateKeeper", "StateKeeperConfig",
            "StateServer", "StateSyncError", "list_checkpoints", "load_checkpoint", "pull_state", "write_checkpoint"]

@@ -110,7 +110,8 @@ class LocalCopy:
             os.close(fd)
         pointer = {"format": FORMAT, "job": self.job, "instance": instance, "peer": self.peer_id,
                    "incarnation": incarnation, "generation": generation, "epoch": epoch, "slot": slot,
-                   "revision": state.revision, "digest": manifest.digest, "entries": entries, "objects": objects, "shards": shards,
+                   "revision": state.revision, "digest": manifest.digest, "entries": entries, "objects": objects,
+                   "shards": shards,
                    "nbytes": size, "written_at": time.time()}
         tmp = os.path.join(self.folder, f".{POINTER}.{os.getpid()}.tmp")
         with open(tmp, "w") as f:
@@ -137,7 +138,8 @@ class LocalCopy:
             raise LocalCopyError(f"no local copy in {self.folder}")
         self._check_owner(pointer, instance)
         self._check_layout(pointer, state)
-        data = np.memmap(self._slot(pointer["slot"]), dtype=np.uint8, mode="c")   # copy-on-write: never changes the file
+        # copy-on-write: never changes the file
+        data = np.memmap(self._slot(pointer["slot"]), dtype=np.uint8, mode="c")
         try:
             if len(data) < pointer["nbytes"]:
                 raise LocalCopyError(f"slot {pointer['slot']} holds {len(data)} bytes, the copy {pointer['nbytes']}")

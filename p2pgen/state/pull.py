@@ -6,7 +6,8 @@ source sends which chunks, staging, verification, and the report.
 Contract and invariants:
 - Only tensors whose bytes differ from the source manifest's are fetched (found block by block, stopping
   at the first block that differs: a joiner's fresh tensor costs one block of hashing); the objects only
-  if their digest differs. All sources must announce the frontier digest (else that source is dropped, "wrong_frontier").
+  if their digest differs. All sources must announce the frontier digest (else that source is dropped,
+  "wrong_frontier").
 - Chunks are split across all live sources (each worker takes the next batch from one queue). When a
   source dies or misbehaves, the chunks it had not delivered go back to the queue and the remaining
   sources continue from there (`PullReport.resumed` counts it).
@@ -36,8 +37,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -342,7 +343,8 @@ class _Pull:
         theirs = {e.name: e for e in manifest.entries}
         if set(mine) != set(theirs):
             err = StateSyncError(f"tensor names differ from the frontier state: missing here "
-                                 f"{sorted(set(theirs) - set(mine))}, not in the frontier {sorted(set(mine) - set(theirs))}; "
+                                 f"{sorted(set(theirs) - set(mine))}, not in the frontier "
+                                 f"{sorted(set(mine) - set(theirs))}; "
                                  "every member must register the same tensors before joining")
             self.fatal = err
             raise err

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -118,7 +118,7 @@ class Manifest:
                 "entries": [[e.name, e.digest, e.dtype, list(e.shape), e.nbytes, list(e.blocks)] for e in self.entries]}
 
     @classmethod
-    def from_wire(cls, msg: Any) -> "Manifest":
+    def from_wire(cls, msg: Any) -> Manifest:
         """Parse and check a wire manifest; ValueError if it is malformed or its digest does not add up."""
         try:
             entries = tuple(Entry(str(n), str(d), str(t), tuple(int(x) for x in s), int(b), tuple(int(x) for x in k))

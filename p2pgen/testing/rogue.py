@@ -30,7 +30,7 @@ class RoguePeer:
         self.seal: Seal | None = None         # the connection's seal, once a sealed handshake passed
         self.sock: socket.socket | None = None
 
-    def dial(self, target: Endpoint, timeout: float = 5.0) -> "RoguePeer":
+    def dial(self, target: Endpoint, timeout: float = 5.0) -> RoguePeer:
         """Connect and run the real dialer handshake (raises what a real dialer would)."""
         self.sock = socket.create_connection((target.host, target.port), timeout=timeout)
         hello = handshake.Hello(self.job, self.generation, self.identity, target.identity, auth.new_nonce(),

@@ -76,9 +76,10 @@ failed raises and is discarded, never committed (I5).
 
 import importlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -196,7 +197,8 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer, group: dict[str, Any], 
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     if not state and not sgd:
         raise ValueError(f"{type(optimizer).__name__} holds no state for {name} yet: torch creates it in the "
-                         "first optimizer step; only SGD's (without dampening) is created here. Share after a first step taken the "
+                         "first optimizer step; only SGD's (without dampening) is created here. Share after a "
+                         "first step taken the "
                          "same way on every member, or share the model alone and rebuild the optimizer")
     out = {}
     for key, value in state.items():

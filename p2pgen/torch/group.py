@@ -25,8 +25,9 @@ raises the p2pgen error itself (GenerationChanged / PeerLost); arguments are che
 import os
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
