@@ -26,7 +26,7 @@ STOP = "stop"
 
 
 class Progress:
-    """The application side, owned by the Peer (`peer.progress`): it reports every committed step of
+    """The application side, owned by the Peer (one per Peer): it reports every committed step of
     `peer.steps()` and ends the loop once the state reached `stop_revision()`, so any application, an
     ordinary torch script included, is counted by `join --local --chaos` and `p2pgen stress` unchanged."""
 

@@ -26,7 +26,7 @@ REQUIRED = [
     "README.md", "CHANGELOG.md",
     "docs/guide/training-loop.md", "docs/guide/torch.md", "docs/guide/running-on-hosts.md",
     "docs/guide/operating.md", "docs/guide/gpus.md", "docs/guide/limitations.md",
-    "docs/reference/cli.md", "docs/reference/environment.md", "docs/reference/json.md",
+    "docs/reference/api.md", "docs/reference/cli.md", "docs/reference/environment.md", "docs/reference/json.md",
     "docs/design/design.md",
 ]
 

@@ -1,5 +1,6 @@
-"""The package imports lazily: the pure layers load without the data plane, every public name resolves, and the
-runtime imports nothing from the lab (bench, chaos, stress, simulator, testing)."""
+"""The package imports lazily: the pure layers load without the data plane, every public name resolves, the
+public surface is what an application uses (and is documented), and the runtime imports nothing from the lab
+(bench, chaos, stress, simulator, testing)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 import p2pgen
+from p2pgen.peer import Peer
+from p2pgen.state import SharedState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,3 +86,40 @@ def test_every_public_name_resolves_and_an_unknown_one_says_so() -> None:
     assert set(p2pgen.__all__) <= set(dir(p2pgen))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         p2pgen.Nope  # noqa: B018
+
+
+INTERNALS = ("GenerationMachine", "Certificate", "Frontier", "Member", "plan_ownership", "Partition", "Backend",
+             "TcpBackend")
+PEER_API = {"steps", "channel", "inbox", "close", "rank", "world", "generation",           # methods, properties
+            "job", "state", "peer_id", "incarnation", "certificate", "stats"}              # attributes
+STATE_API = {"shard", "digest", "tensor_digests", "touch", "save_checkpoint"}
+
+
+def test_the_package_exports_what_an_application_uses_and_names_no_internal() -> None:
+    assert sorted(p2pgen.__all__) == sorted(p2pgen._EXPORTS)
+    for name in INTERNALS:
+        with pytest.raises(AttributeError, match="imported from their own module"):
+            getattr(p2pgen, name)
+
+
+def _assigned_attributes(cls: type) -> set[str]:
+    """The attributes `cls`'s methods assign on `self` (found in its source)."""
+    tree = ast.parse(Path(sys.modules[cls.__module__].__file__).read_text())
+    body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    return {t.attr for n in ast.walk(body) if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            for t in (t.elts if isinstance(t, ast.Tuple) else [t])
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+
+
+def test_peer_and_shared_state_keep_their_internals_private() -> None:
+    peer = {n for n in set(vars(Peer)) | _assigned_attributes(Peer) if not n.startswith("_")}
+    assert peer == PEER_API, "a new public Peer member: make it private or add it to docs/reference/api.md"
+    state = {n for n, v in vars(SharedState).items() if callable(v) and not n.startswith("_")}
+    assert state == STATE_API, "SharedState's protocol methods are private; step.commit() is the only commit"
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    text = (PACKAGE.parent / "docs" / "reference" / "api.md").read_text()
+    missing = [name for name in p2pgen.__all__ + sorted(PEER_API | STATE_API) if f"`{name}" not in text]
+    assert not missing, f"docs/reference/api.md does not document {missing}"

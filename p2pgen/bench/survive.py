@@ -86,7 +86,7 @@ def copies(mbytes: float, repeats: int) -> dict[str, Any]:
         source, copy = _state(mbytes, 1.0), LocalCopy(local, "bench", "p0")
         save, restore, write, load = [], [], [], []
         for _ in range(repeats):
-            source.commit()                               # as in the step loop: a commit drops cached digests
+            source._commit()                               # as in the step loop: a commit drops cached digests
             t = time.perf_counter()
             copy.save(source, instance="bench", incarnation=1, generation=1, epoch=1)
             save.append(time.perf_counter() - t)

@@ -228,10 +228,10 @@ class _Pull:
     def _finish(self, seconds: float) -> PullReport:
         plan = self.plan
         if plan.objects:
-            self.state.load_objects(plan.objects_raw)
+            self.state._load_objects(plan.objects_raw)
         self.state.revision = plan.manifest.revision
         for t in plan.fetch:           # keyed by the new revision: `synced` hashes none of them again
-            self.state.verified(plan.manifest.entries[t].name, plan.manifest.entries[t].blocks)
+            self.state._verified(plan.manifest.entries[t].name, plan.manifest.entries[t].blocks)
         digest = self._final_digest()
         if digest != self.frontier.digest:
             self.counters.add("digest_mismatch")
@@ -250,7 +250,7 @@ class _Pull:
         to hold the manifest's at the start (nobody touches the state during a pull); the loaded objects
         are re-pickled and hashed now."""
         digests = {e.name: e.digest for e in self.plan.manifest.entries}
-        return manifest_digest(digests, self.state.objects_digest()[0])
+        return manifest_digest(digests, self.state._objects_digest()[0])
 
     # ---- one worker per source -----------------------------------------------------------------
     def _worker(self, index: int, source: Source) -> None:
@@ -319,10 +319,10 @@ class _Pull:
 
     def _make_plan(self, manifest: Manifest) -> _Plan:
         self._check_layout(manifest)
-        held = [self.state.holds(e) for e in manifest.entries]     # stops at a tensor's first differing block
+        held = [self.state._holds(e) for e in manifest.entries]     # stops at a tensor's first differing block
         fetch = [i for i, e in enumerate(manifest.entries) if not held[i]]
         skipped = tuple(e.name for i, e in enumerate(manifest.entries) if held[i])
-        objects = self.state.objects_digest()[0] != manifest.objects_digest
+        objects = self.state._objects_digest()[0] != manifest.objects_digest
         plan = _Plan(manifest, fetch, skipped, objects)
         cb = self.config.chunk_bytes
         for t in fetch:
@@ -495,7 +495,7 @@ class _Pull:
         else:
             with self.cond:
                 self.changed.add(entry.name)
-            self.state.load_tensor(entry.name, data)
+            self.state._load_tensor(entry.name, data)
         with self.cond:
             self.plan.installed.add(entry.name)
             if not own:

@@ -107,7 +107,7 @@ class StateServer:
     # ---- window --------------------------------------------------------------------------------
     def _open_window(self, generation: int) -> _Window:
         names = sorted(self.state.tensors)
-        window = _Window(generation, self.state.manifest(),
+        window = _Window(generation, self.state._manifest(),
                          tuple(tz.version(self.state.tensors[n]) for n in names),
                          objects_bytes(self.state.objects), _held_shards(self.state))
         with self._cond:

@@ -156,7 +156,7 @@ def peer(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
                            'dist.init_process_group("p2pgen") (the fixed-membership backend has no Peer): run the '
                            "script under `p2pgen join --local 2 -- python SCRIPT`")
     if model is not None or optimizer is not None:
-        if the_peer.stats["generations"] or the_peer.backend is not None:
+        if the_peer.stats["generations"] or the_peer._backend is not None:
             raise RuntimeError("p2pgen.torch.peer(model, optimizer) after the first step: the members' states "
                                "would differ; share the model and optimizer before `for step in peer.steps()`")
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -253,7 +253,7 @@ def _agent_env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), 
     Where neither an agent nor torch's variables are there, torch's error says what to do about both."""
     if os.environ.get("P2PGEN_AGENT") and "MASTER_ADDR" not in os.environ:
         peer = current_peer()
-        step = peer.current_step if peer is not None else None
+        step = peer._current_step if peer is not None else None
         yield (dist.HashStore(), step.rank, step.world) if step is not None else (dist.HashStore(), 0, 1)
         raise RuntimeError("p2pgen's agent rendezvous yields once")
     try:

@@ -57,7 +57,7 @@ class Rig:
         report = pull_state(mine, job=JOB, secret=SECRET, me=JOINER, generation=GEN,
                             frontier=Frontier(self.manifest.revision, self.manifest.digest),
                             sources=[Source(*ME, "127.0.0.1", self.server.port)], config=PULL, progress=False)
-        assert mine.manifest().digest == self.manifest.digest, report
+        assert mine._manifest().digest == self.manifest.digest, report
 
     def refused(self) -> int:
         return total(self.server.stats())
