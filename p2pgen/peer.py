@@ -344,6 +344,7 @@ class Step:
         revision = self.peer.state._commit()
         self.committed = True
         if self.peer._keeper is not None:       # the local copy holds the revision before commit() returns
+            assert self.peer.certificate is not None          # a step runs only in an activated generation
             self.peer._keeper.committed(self.peer.certificate, self.rank)
         self.peer._trace.record("commit", generation=self.generation, revision=revision)
         return revision
@@ -722,7 +723,7 @@ class Peer:
             self.close()
             raise Evicted(f"{error}: this process must not vote this state, and it has no local copy to go back "
                           "to; its agent restarts it") from error
-        if self._keeper.lineage:
+        if self._keeper is not None and self._keeper.lineage:
             self._lineage = self._keeper.lineage
         self._trace.record("recovered", generation=view.pending.generation if view.pending else None,
                           revision=self.state.revision, note=line)

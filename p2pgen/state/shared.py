@@ -125,8 +125,8 @@ class Manifest:
                             for n, d, t, s, b, k in msg["entries"])
             m = cls(int(msg["revision"]), entries, str(msg["objects"][0]), int(msg["objects"][1]),
                     str(msg["digest"]))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise ValueError(f"malformed manifest: {e!r}") from e
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise ValueError(f"malformed manifest: {err!r}") from err
         names = [e.name for e in entries]
         if names != sorted(set(names)):
             raise ValueError("malformed manifest: entry names are not sorted and unique")
@@ -189,12 +189,12 @@ class SharedState:
     protocol the runtime (pulls, local copies, checkpoints, votes) calls.
     """
 
-    def __init__(self, tensors: Mapping[str, Any] = (), objects: Mapping[str, Any] = (),
+    def __init__(self, tensors: Mapping[str, Any] | None = None, objects: Mapping[str, Any] | None = None,
                  revision: int = 0) -> None:
         self._cache: dict[str, _Cached] = {}
         self.tensors: MutableMapping[str, Any] = _Tensors(self._cache)
-        self.tensors.update(tensors)
-        self.objects: dict[str, Any] = dict(objects)
+        self.tensors.update(tensors or {})
+        self.objects: dict[str, Any] = dict(objects or {})
         self.revision = int(revision)
         self.sharded: dict[str, Any] = {}   # object id -> ShardedObject (held in part; not in the digest)
         self.hashed_bytes = 0   # bytes hashed so far: lets tests and benchmarks see the cache work
