@@ -23,7 +23,8 @@ PACKAGE = Path(p2pgen.__file__).parent
 LAB = ("bench", "chaos", "stress", "simulator", "testing")
 LAB_NAME = re.compile(rf"p2pgen\.({'|'.join(LAB)})(\.\w+)*")
 # The one runtime module allowed to name the lab: the command line registers the lab's subcommands from the
-# module names in its COMMAND_MODULES (strings, imported only while it builds the parser).
+# module names in its COMMAND_MODULES (strings, imported only to run one of their commands or to list them all;
+# the test below shows a runtime command loads none).
 NAMES_THE_LAB = {"cli.py"}
 
 
@@ -71,6 +72,15 @@ def test_the_scan_sees_every_kind_of_lab_import(tmp_path: Path) -> None:
     modules = [m for node in ast.walk(ast.parse(source)) for m in _imported(path, node) if _is_lab(m)]
     assert sorted(modules) == ["p2pgen.bench", "p2pgen.bench.cli", "p2pgen.chaos", "p2pgen.simulator",
                                "p2pgen.stress.plan"]
+
+
+def test_a_runtime_command_loads_no_lab_module_and_a_lab_command_its_own() -> None:
+    code = ("import sys; from p2pgen import cli; cli.build_parser({argv!r}); "
+            f"print(sorted(m for m in sys.modules if m.split('.')[:2] in {[['p2pgen', lab] for lab in LAB]!r}))")
+    loaded = {argv[0]: subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True, text=True,
+                                      check=True).stdout.strip() for argv in (["join", "--local", "3"], ["chaos"])}
+    assert loaded["join"] == "[]", f"`p2pgen join` imported the lab: {loaded['join']}"
+    assert "p2pgen.chaos.cli" in loaded["chaos"] and "p2pgen.bench" not in loaded["chaos"]
 
 
 @pytest.mark.parametrize("module", ["p2pgen.core", "p2pgen.detect"])
