@@ -33,7 +33,7 @@ import json
 import os
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -14,7 +14,7 @@ At the end every peer writes one JSON summary to $P2PGEN_SUMMARY_DIR if set (`jo
 one table), or else prints it as one line (`summary {...}`): generations seen, steps committed and discarded,
 seconds spent between generations, final digest.
 Under `p2pgen stress` and `join --local --chaos` its Peer reports every committed step and ends `steps()`
-at the revision the harness asks for (nothing in this script: `peer.progress`, a no-op elsewhere).
+at the revision the harness asks for (nothing in this script: `p2pgen.progress`, a no-op elsewhere).
 """
 
 from __future__ import annotations

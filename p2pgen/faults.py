@@ -28,8 +28,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 ENV = "P2PGEN_FAULTS"
 ENV_LOCAL_AGENT = "P2PGEN_AGENT"
@@ -87,7 +87,7 @@ class Rules:
         return {"drop": sorted([list(p) for p in self.drop])}
 
     @classmethod
-    def from_json(cls, data: object) -> "Rules":
+    def from_json(cls, data: object) -> Rules:
         if not isinstance(data, dict) or not isinstance(data.get("drop", []), list):
             raise ValueError(f"partition rules must be a JSON object {{\"drop\": [[FROM, TO], ...]}}, got {data!r}")
         pairs = []
@@ -144,7 +144,8 @@ def read_rules(path: str | os.PathLike) -> Rules:
     try:
         return Rules.from_json(json.loads(text))
     except json.JSONDecodeError as e:
-        raise ValueError(f"partition rules file {path} is not JSON ({e}); write it with p2pgen.faults.write_rules")
+        raise ValueError(f"partition rules file {path} is not JSON ({e}); write it with "
+                         "p2pgen.faults.write_rules") from None
 
 
 class Watcher:
@@ -241,7 +242,7 @@ def _cmd_partition(args) -> int:
     try:
         rules = write_partition(args.file, sides, args.one_way)
     except ValueError as e:
-        raise SystemExit(f"p2pgen fault partition: {e}")
+        raise SystemExit(f"p2pgen fault partition: {e}") from None
     print(f"partitioned: {len(rules.drop)} directed agent pairs dropped (rules in {args.file})")
     return 0
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 CLEAR = "\r\x1b[K"
 

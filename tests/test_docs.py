@@ -26,7 +26,7 @@ REQUIRED = [
     "README.md", "CHANGELOG.md",
     "docs/guide/training-loop.md", "docs/guide/torch.md", "docs/guide/running-on-hosts.md",
     "docs/guide/operating.md", "docs/guide/gpus.md", "docs/guide/limitations.md",
-    "docs/reference/cli.md", "docs/reference/environment.md", "docs/reference/json.md",
+    "docs/reference/api.md", "docs/reference/cli.md", "docs/reference/environment.md", "docs/reference/json.md",
     "docs/design/design.md",
 ]
 
@@ -111,11 +111,11 @@ def readme_problems(path: Path, text: str, root: Path = ROOT) -> list[str]:
     if count > README_MAX_LINES:
         problems.append(f"{rel(path)}:{README_MAX_LINES + 1}: README.md has {count} lines, "
                         f"at most {README_MAX_LINES} (move the rest into docs/)")
-    start = next((i for i, l in enumerate(lines) if FENCE.match(l)), None)
-    if start is None or any(l.strip().startswith("$ ") for l in lines[:start]):
+    start = next((i for i, line in enumerate(lines) if FENCE.match(line)), None)
+    if start is None or any(line.strip().startswith("$ ") for line in lines[:start]):
         return problems + [f"{rel(path)}:1: README.md must open with a code block holding its two commands"]
     end = next((i for i in range(start + 1, len(lines)) if FENCE.match(lines[i])), len(lines))
-    commands = [l for l in lines[start + 1:end] if l.strip()]
+    commands = [line for line in lines[start + 1:end] if line.strip()]
     demo = [c for c in commands if "p2pgen join --local" in c and "examples/train_spot.py" in c]
     tests = [c for c in commands if "-m pytest -q" in c]
     if len(commands) != 2 or len(demo) != 1 or len(tests) != 1:

@@ -1,17 +1,86 @@
-"""The package imports lazily: the pure layers load without the data plane, and every public name resolves."""
+"""The package imports lazily: the pure layers load without the data plane, every public name resolves, the
+public surface is what an application uses (and is documented), and the runtime imports nothing from the lab
+(bench, chaos, stress, simulator, testing)."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import p2pgen
+from p2pgen.peer import Peer
+from p2pgen.state import SharedState
 
 pytestmark = pytest.mark.timeout(60)
 
 HEAVY = ("numpy", "msgpack", "p2pgen.transport", "p2pgen.collectives", "torch")
+PACKAGE = Path(p2pgen.__file__).parent
+LAB = ("bench", "chaos", "stress", "simulator", "testing")
+LAB_NAME = re.compile(rf"p2pgen\.({'|'.join(LAB)})(\.\w+)*")
+# The one runtime module allowed to name the lab: the command line registers the lab's subcommands from the
+# module names in its COMMAND_MODULES (strings, imported only to run one of their commands or to list them all;
+# the test below shows a runtime command loads none).
+NAMES_THE_LAB = {"cli.py"}
+
+
+def _runtime_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in LAB)
+
+
+def _is_lab(module: str) -> bool:
+    return any(module == f"p2pgen.{lab}" or module.startswith(f"p2pgen.{lab}.") for lab in LAB)
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = ("p2pgen",) + path.relative_to(PACKAGE).parent.parts
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ((node.module,) if node.module else ()))
+
+
+def _imported(path: Path, node: ast.AST) -> list[str]:
+    """The modules `node` imports (a `from M import N` may import the submodule M.N), or names as a string that
+    `importlib.import_module` could import (a docstring that mentions a module is not a full match)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        module = _absolute(path, node)
+        return [module] + [f"{module}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and LAB_NAME.fullmatch(node.value):
+        return [] if path.relative_to(PACKAGE).as_posix() in NAMES_THE_LAB else [node.value]   # import_module(...)
+    return []
+
+
+def test_the_runtime_imports_nothing_from_the_lab() -> None:
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports {module}"
+             for path in _runtime_files() for node in ast.walk(ast.parse(path.read_text(), str(path)))
+             for module in _imported(path, node) if _is_lab(module)]
+    assert not found, "the runtime must not import the lab (move what it needs into the runtime):\n" + \
+        "\n".join(found)
+
+
+def test_the_scan_sees_every_kind_of_lab_import(tmp_path: Path) -> None:
+    source = ("import p2pgen.stress.plan\nfrom p2pgen import chaos\nfrom ..bench import cli\n"
+              "importlib.import_module('p2pgen.simulator')\nfrom p2pgen.state import SharedState\n")
+    path = PACKAGE / "agent" / "example.py"
+    modules = [m for node in ast.walk(ast.parse(source)) for m in _imported(path, node) if _is_lab(m)]
+    assert sorted(modules) == ["p2pgen.bench", "p2pgen.bench.cli", "p2pgen.chaos", "p2pgen.simulator",
+                               "p2pgen.stress.plan"]
+
+
+def test_a_runtime_command_loads_no_lab_module_and_a_lab_command_its_own() -> None:
+    code = ("import sys; from p2pgen import cli; cli.build_parser({argv!r}); "
+            f"print(sorted(m for m in sys.modules if m.split('.')[:2] in {[['p2pgen', lab] for lab in LAB]!r}))")
+    loaded = {argv[0]: subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True, text=True,
+                                      check=True).stdout.strip() for argv in (["join", "--local", "3"], ["chaos"])}
+    assert loaded["join"] == "[]", f"`p2pgen join` imported the lab: {loaded['join']}"
+    assert "p2pgen.chaos.cli" in loaded["chaos"] and "p2pgen.bench" not in loaded["chaos"]
 
 
 @pytest.mark.parametrize("module", ["p2pgen.core", "p2pgen.detect"])
@@ -27,3 +96,41 @@ def test_every_public_name_resolves_and_an_unknown_one_says_so() -> None:
     assert set(p2pgen.__all__) <= set(dir(p2pgen))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         p2pgen.Nope  # noqa: B018
+
+
+INTERNALS = ("GenerationMachine", "Certificate", "Frontier", "Member", "plan_ownership", "Partition", "Backend",
+             "TcpBackend")
+PEER_API = {"steps", "channel", "inbox", "close", "rank", "world", "generation",           # methods, properties
+            "job", "state", "peer_id", "incarnation", "certificate", "stats",              # attributes
+            "wire_counters"}
+STATE_API = {"shard", "digest", "tensor_digests", "touch", "save_checkpoint"}
+
+
+def test_the_package_exports_what_an_application_uses_and_names_no_internal() -> None:
+    assert sorted(p2pgen.__all__) == sorted(p2pgen._EXPORTS)
+    for name in INTERNALS:
+        with pytest.raises(AttributeError, match="imported from their own module"):
+            getattr(p2pgen, name)
+
+
+def _assigned_attributes(cls: type) -> set[str]:
+    """The attributes `cls`'s methods assign on `self` (found in its source)."""
+    tree = ast.parse(Path(sys.modules[cls.__module__].__file__).read_text())
+    body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    return {t.attr for n in ast.walk(body) if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            for t in (t.elts if isinstance(t, ast.Tuple) else [t])
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+
+
+def test_peer_and_shared_state_keep_their_internals_private() -> None:
+    peer = {n for n in set(vars(Peer)) | _assigned_attributes(Peer) if not n.startswith("_")}
+    assert peer == PEER_API, "a new public Peer member: make it private or add it to docs/reference/api.md"
+    state = {n for n, v in vars(SharedState).items() if callable(v) and not n.startswith("_")}
+    assert state == STATE_API, "SharedState's protocol methods are private; step.commit() is the only commit"
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    text = (PACKAGE.parent / "docs" / "reference" / "api.md").read_text()
+    missing = [name for name in p2pgen.__all__ + sorted(PEER_API | STATE_API) if f"`{name}" not in text]
+    assert not missing, f"docs/reference/api.md does not document {missing}"

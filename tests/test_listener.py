@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -383,7 +383,8 @@ class Agent:
     def _keep_standby(self) -> None:
         """Start a standby when the job wants one and none is waiting: once the application ran a second in the
         active generation (or a while after it started; `standby_due`), so its imports never slow down the start
-        and first steps of the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS died in a row."""
+        and first steps of the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS
+        died in a row."""
         if (self.config.standby < 1 or not self.config.command or self._standby is not None
                 or self._leave_requested.is_set() or self._standby_deaths >= STANDBY_REPLACEMENTS):
             return

@@ -36,7 +36,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--job", default="demo", help="job name (default: demo)")
     join.add_argument("--id", dest="peer_id", help="stable peer id, e.g. node3/gpu1")
     join.add_argument("--listen", metavar="HOST:PORT", help="control address; PORT+1 is Raft, PORT+2 the application's "
-                                                              "data plane, PORT+3 its state transfer, PORT+4 its channels "
+                                                              "data plane, PORT+3 its state transfer, "
+                                                              "PORT+4 its channels "
                                                               "(keep all < 32768)")
     join.add_argument("--channel-dir", default="", help="where the application's channel consumption logs live "
                                                           "(default: a per-job, per-peer folder in the temp dir)")
@@ -317,7 +318,8 @@ def format_show(shown: dict[str, Any]) -> str:
         rows = [["rank", "peer", "incarnation", f"quiescence(g{cert['parent']})", "revision", "pulled from", "agent"]
                 + (["zone"] if zoned else [])]
         rows += [[m["rank"], m["peer_id"], m["incarnation"], quiescence[m["peer_id"]], revisions[m["peer_id"]],
-                  pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")] + ([m.get("zone") or "-"] if zoned else [])
+                  pulled.get(m["peer_id"], "-"), m["addrs"].get("agent", "-")]
+                 + ([m.get("zone") or "-"] if zoned else [])
                  for m in cert["members"]]
         lines += ["", _table(rows), ""]
         if cert.get("topology") or state.get("links"):

@@ -59,7 +59,7 @@ class AgentClient:
             self._rpc.close()
             self._rpc = None
 
-    def __enter__(self) -> "AgentClient":
+    def __enter__(self) -> AgentClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

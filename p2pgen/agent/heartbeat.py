@@ -18,14 +18,16 @@ Invariants kept:
   one already suspected stays suspected until it is heard again;
 - each suspicion is reported once until the peer is heard from again;
 - every heartbeat also says which agents its sender cannot hear (those it suspects). A peer that keeps saying it
-  cannot hear this agent for the detector's floor (our own stalls excluded; it took the timeout to say so) is reported too, though we hear it:
+  cannot hear this agent for the detector's floor (our own stalls excluded; it took the timeout to say so) is
+  reported too, though we hear it:
   an agent that can speak but not listen gets no Raft log and can vote for nothing, so left in the job it would
   hold every generation change until the link heals (a one-way partition);
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
 - a target silent for PROBE_AFTER heartbeat intervals gets our heartbeats on a UDP socket connected to it
   instead of the shared one (one copy per round: a second copy of the same heartbeat would be counted as a
-  replay by a peer that was only late). When no process holds its port (its agent died and its host lives: an OOM kill, a crash, a host that
+  replay by a peer that was only late). When no process holds its port (its agent died and its host lives: an
+  OOM kill, a crash, a host that
   reboots the agent), the host answers ICMP port unreachable, which a connected socket reports as a refusal:
   that is proof, not silence, and the agent is reported at once instead of after the detector's timeout. A
   host that is gone, partitioned or an agent that is stopped answers nothing, and the detector decides as
@@ -43,8 +45,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import msgpack
 

@@ -45,7 +45,7 @@ def plot_history(history: list[dict[str, Any]], path: str, title: str = "") -> N
     fig, (ax_members, ax_gap, ax_rev) = plt.subplots(3, 1, figsize=(11, 8.5), sharex=True,
                                                      gridspec_kw={"height_ratios": [3, 1.4, 1.4]})
     ax_members.step(times, sizes, where="post", color="tab:blue", linewidth=2, label="members in the active generation")
-    for needle, kind, color, marker in KINDS:
+    for _needle, kind, color, marker in KINDS:
         xs = [t for t, h in zip(times, activated) if change_kind(h["reason"]) == kind]
         ys = [n for n, h in zip(sizes, activated) if change_kind(h["reason"]) == kind]
         if xs:

@@ -38,8 +38,8 @@ from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.supervisor import die_with_parent, stop_on_sigterm
 from p2pgen.auth import read_secret_file
 from p2pgen.errors import P2PGenError
-from p2pgen.stress.progress import ENV as PROGRESS_ENV
-from p2pgen.stress.progress import CommitLog
+from p2pgen.progress import ENV as PROGRESS_ENV
+from p2pgen.progress import CommitLog
 
 AGENT_REPLACEMENT_DELAY_S = 1.0
 STOP_DEADLINE_S = 4.0          # SIGTERM to every agent, then SIGKILL of what is left (within 5 s in all)

@@ -20,11 +20,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger("p2pgen.agent.notice")
 
@@ -105,7 +105,7 @@ def _timestamp(text: str) -> float | None:
         except (TypeError, ValueError):
             return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 

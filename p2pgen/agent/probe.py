@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from p2pgen.agent.rpc import RpcClient, split_addr
 from p2pgen.core import Links

@@ -25,8 +25,8 @@ import copy
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from p2pgen.agent.rpc import RpcClient, split_addr
 from p2pgen.core import Reformed
@@ -67,7 +67,7 @@ class Hello:
     epoch: int = 0                  # its Raft epoch (a fenced re-form starts a new one)
 
     @staticmethod
-    def parse(addr: str, raw: dict) -> "Hello":
+    def parse(addr: str, raw: dict) -> Hello:
         return Hello(addr, raw["mode"], tuple(raw.get("cluster", ())), raw.get("node") or "",
                      tuple(raw.get("voters", ())), int(raw.get("epoch", 0)))
 

@@ -9,7 +9,8 @@ within `handshake_timeout`) and every malformed request is counted once under a 
 shown by `p2pgen show`); closing the server closes its connections and waits for their threads.
 
 Handshake:  server -> {hello, job, nonce_s};  client -> {nonce_c, proof_c = HMAC(k, "client", nonce_s, nonce_c)};
-            server -> {proof_s = HMAC(k, "server", nonce_c, nonce_s)} or {error}.  k = derive_key(secret, job, "control").
+            server -> {proof_s = HMAC(k, "server", nonce_c, nonce_s)} or {error}.
+            k = derive_key(secret, job, "control").
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
@@ -233,7 +235,7 @@ class RpcClient:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> "RpcClient":
+    def __enter__(self) -> RpcClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

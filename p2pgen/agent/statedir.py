@@ -21,10 +21,15 @@ import tempfile
 from dataclasses import dataclass, field
 
 from p2pgen.core import DEFAULT_REGRESS_WAIT
-from p2pgen.state.localcopy import CopyInfo, LocalCopy
 from p2pgen.state.keeper import (
-    ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_KEEP, ENV_LOCAL, ENV_LOCAL_EVERY, ENV_RESTORE,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY,
+    ENV_CHECKPOINT_KEEP,
+    ENV_LOCAL,
+    ENV_LOCAL_EVERY,
+    ENV_RESTORE,
 )
+from p2pgen.state.localcopy import CopyInfo, LocalCopy
 
 SHM = "/dev/shm"
 
@@ -100,7 +105,8 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
                             "every member's state")
     group.add_argument("--regress-wait", type=float, default=DEFAULT_REGRESS_WAIT, metavar="S",
                        help="a generation that would resume below the certified revision waits S seconds for a "
-                            f"holder, a local copy or a checkpoint (default {DEFAULT_REGRESS_WAIT:g}; same on every agent)")
+                            f"holder, a local copy or a checkpoint (default {DEFAULT_REGRESS_WAIT:g}; "
+                            "same on every agent)")
     group.add_argument("--allow-fresh-start", action="store_true",
                        help="after that wait, allow resuming from revision 0 when nothing survived (default: the "
                             "generation stays held and says so)")

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class Application:
     from the inherited environment."""
 
     def __init__(self, command: list[str], incarnation: int | None, env: dict[str, str | None],
-                 on_stop: Callable[["Application"], None], on_continue: Callable[["Application"], None],
-                 on_exit: Callable[["Application", str, bool], None], standby: str | None = None) -> None:
+                 on_stop: Callable[[Application], None], on_continue: Callable[[Application], None],
+                 on_exit: Callable[[Application, str, bool], None], standby: str | None = None) -> None:
         self.incarnation = incarnation
         self.standby = standby                 # the token a standby names itself by (its RPC), else None
         self.promoted = threading.Event()      # a standby was given its incarnation (set at once for an application)

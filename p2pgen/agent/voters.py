@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from p2pgen.agent.heartbeat import Announcement
 from p2pgen.agent.raftmember import RaftMembership, control_addr_of

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, Callable, ContextManager, TextIO
+from typing import Any, TextIO
 
 from p2pgen.errors import P2PGenError
 
@@ -47,7 +49,7 @@ def _key(shown: dict[str, Any]) -> tuple:
             shown["agent"].get("waiting"))
 
 
-def watch(connect: Callable[[], ContextManager[Any]], render: Callable[[dict[str, Any]], str],
+def watch(connect: Callable[[], AbstractContextManager[Any]], render: Callable[[dict[str, Any]], str],
           out: TextIO | None = None, stop: Callable[[], bool] = lambda: False) -> int:
     """Draw `render(show)` and the last fault, then again on each generation change, until Ctrl-C or `stop()`."""
     out = out if out is not None else sys.stdout

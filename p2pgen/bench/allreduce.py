@@ -8,7 +8,8 @@ calls after a warm-up. A round's time is the slowest rank's mean; a size's time 
 rounds, and the table adds the min..max over the rounds of each round's ratio. Interleaving at that grain
 exposes both backends to the same background load on a shared machine, which a run of one backend after
 the other does not; 21 rounds by default: with 3 the median ratio at 64 MiB moved by 0.2 or more between
-runs on a shared 2-core machine, with 11 it still moved by 9 % (2.01-2.20, world 4, three runs). As in nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
+runs on a shared 2-core machine, with 11 it still moved by 9 % (2.01-2.20, world 4, three runs). As in
+nccl-tests: algbw = bytes / time and busbw = algbw * 2 (world - 1) / world
 (what each link carries in a ring all-reduce).
 
 `encrypt=True` (`--encrypt`) adds a third group, p2pgen with sealed links (`p2pgen.transport.seal`), to the same
@@ -77,7 +78,7 @@ def iterations(size: int) -> int:
 
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
-        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: "EmulatedCluster | None" = None,
+        gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: EmulatedCluster | None = None,
         encrypt: bool = False, compress: str | None = None) -> list[Row]:
     """Time every size on both backends.
 

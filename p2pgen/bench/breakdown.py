@@ -19,7 +19,8 @@ missing (an older trace, or a survivor that had to pull).
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from p2pgen.bench.table import aligned
 

@@ -79,7 +79,8 @@ def format_faults(cells: list[Cell], window: int) -> str:
     head = [f"# channel faults on 127.0.0.1, {os.cpu_count()} CPUs; window {window}, batch 16; "
             "errors counted in the receiver's consumption log",
             f"# {'':>13}" + "".join(f"{m:^38}" for m in modes),
-            f"# {'fault':>5} {'size(B)':>7}" + f" {'inj':>4} {'trig':>4} {'dup':>6} {'loss':>6} {'dup/t':>6} {'loss/t':>6}" * len(modes)]
+            f"# {'fault':>5} {'size(B)':>7}"
+            + f" {'inj':>4} {'trig':>4} {'dup':>6} {'loss':>6} {'dup/t':>6} {'loss/t':>6}" * len(modes)]
     lines = head
     for fault, size in keys:
         row = f"{fault:>7} {size:>7}"

@@ -73,7 +73,7 @@ def tx_bytes(hosts: EmulatedCluster) -> list[int]:
     for i in range(len(hosts.names)):
         text = subprocess.run([*hosts.prefix(i), "cat", "/proc/net/dev"], capture_output=True, text=True,
                               check=True).stdout
-        line = next(l for l in text.splitlines() if l.strip().startswith("eth0:"))
+        line = next(row for row in text.splitlines() if row.strip().startswith("eth0:"))
         out.append(int(line.split(":", 1)[1].split()[8]))
     return out
 
@@ -128,7 +128,7 @@ def _run_p2pgen(hosts: EmulatedCluster, config: Config, workdir: Path, logs: lis
     def start(i: int, first: bool) -> None:
         cluster.start(peers[i], addrs[i], [a for a in addrs if a != addrs[i]],
                       command=[*APP, *config.args(), "--log", str(logs[i]), *common],
-                      extra=("--min-members=%d" % len(logs),) if first else ("--attach-grace=60",))
+                      extra=(f"--min-members={len(logs)}",) if first else ("--attach-grace=60",))
 
     try:
         for i in range(len(logs)):

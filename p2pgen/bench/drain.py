@@ -24,7 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from p2pgen.bench.recovery import (
-    PEERS, Events, Fault, P2PGenDeployment, Plan, TraceTail, _commits, _past, _training, analyze_fault, summarize,
+    PEERS,
+    Events,
+    Fault,
+    P2PGenDeployment,
+    Plan,
+    TraceTail,
+    _commits,
+    _past,
+    _training,
+    analyze_fault,
+    summarize,
 )
 from p2pgen.bench.table import aligned
 

@@ -198,7 +198,8 @@ def _rows(world: int, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_table(world: int, rows: list[dict[str, Any]]) -> str:
     head = (f"# all_reduce sum float32, world {world} on one GPU: busbw GB/s\n"
-            f"# {'size(B)':>12} {'raw nccl':>10} {'p2pgen staged':>14} {'ratio':>6} {'p2pgen in-place':>16} {'ratio':>6}")
+            f"# {'size(B)':>12} {'raw nccl':>10} {'p2pgen staged':>14} {'ratio':>6} {'p2pgen in-place':>16} "
+            f"{'ratio':>6}")
     lines = [head]
     for r in rows:
         lines.append(f"{r['size']:>14} {r['raw_busbw']:>10.2f} {r['staged_busbw']:>14.2f} {r['ratio_staged']:>6.3f} "
@@ -233,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     if version >= MULTI_RANK_MIN and args.world > 1:
         got = multi_rank(args.world, sizes, args.stall_timeout)
         report["multi"] = {"world": args.world, "errors": got["error"], "stall": got["stall"],
-                           "ok": len(got["compare"]) == args.world and all(x["ok"] for x in got["compare"] + got["stall"]),
+                           "ok": len(got["compare"]) == args.world
+                           and all(x["ok"] for x in got["compare"] + got["stall"]),
                            "rows": _rows(args.world, got["compare"]) if len(got["compare"]) == args.world else []}
     else:
         report["multi"] = {"skipped": f"NCCL {version_text(version)} < 2.30 or --world 1: no multi-rank run"}

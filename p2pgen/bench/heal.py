@@ -34,9 +34,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from p2pgen.bench.table import aligned
 from p2pgen.testing.agents import Cluster, free_control_ports

@@ -35,16 +35,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from p2pgen.bench.breakdown import fault_phases, format_phases, summarize_phases
 from p2pgen.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, settings_text
 from p2pgen.bench.table import aligned
+from p2pgen.termprogress import TermProgress
 from p2pgen.testing.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen.testing.netns import EmulatedCluster
-from p2pgen.termprogress import TermProgress
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead", "drain")
@@ -73,7 +74,7 @@ class Plan:
     hosts: EmulatedCluster | None = None     # membership and step loop in emulated hosts (created by the caller)
 
     @classmethod
-    def quick(cls) -> "Plan":
+    def quick(cls) -> Plan:
         return cls(trials=1, steploop_rounds=1, steploop_trials=1, catchup=((64 << 20, 1),),
                    overhead_steps=50, overhead_blocks=4, heal_rounds=1, heal_kills=2)
 
@@ -294,7 +295,8 @@ def start_steploop_cluster(cluster: Cluster, policy: str, command: list[str], ad
                              *(RESTART_ALL_AGENT_ARGS if policy == "restart-all" else ()), *agent_args))
 
 
-def _one_fault(deployment: StepLoopDeployment, tail: TraceTail, policy: str, kind: str, trial: int, checkpoint_every: int) -> Fault:
+def _one_fault(deployment: StepLoopDeployment, tail: TraceTail, policy: str, kind: str, trial: int,
+               checkpoint_every: int) -> Fault:
     """Wait for mid-interval between two checkpoints (the mean rollback of a fault at a random time), inject, wait
     until the survivors are past the pre-fault revision, bring a killed host back, wait until 3 members train.
     A stopped application is never continued: its supervisor (p2pgen's agent, torchft's host) kills it after
@@ -579,7 +581,7 @@ def run(plan: Plan, detect_timeout: float, sections: tuple[str, ...], workdir: P
 
 
 def _drain_section():
-    from p2pgen.bench import drain      # it builds on this module's step loop
+    from p2pgen.bench import drain  # it builds on this module's step loop
     return drain
 
 

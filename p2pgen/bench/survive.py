@@ -15,7 +15,8 @@ Two sections, each printed beside its baseline measured in the same run:
      state could outlive its processes (the job restarts from revision 0).
    Per kill: the revision committed before it, the revision the job resumed at, steps lost, seconds from
    the kill to the first commit after it, and how the new incarnations got their state.
-3. `churn` (real agents): 5 members (`--churn-members`) train under a seeded fault schedule (every 0.5-3 s: SIGKILL of one
+3. `churn` (real agents): 5 members (`--churn-members`) train under a seeded fault schedule (every 0.5-3 s:
+   SIGKILL of one
    application; of 2-3 applications within 0.3 s; of a whole agent, replaced 1 s later at the same
    address; SIGSTOP of an application for 0.3-2 s), once with local copies and once as before
    (`none`). For every generation activated: the revision it resumed at against the highest revision
@@ -40,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from p2pgen.state import LocalCopy, SharedState, list_checkpoints, load_checkpoint, write_checkpoint
 from p2pgen.bench.catchup import catchup_throughput
+from p2pgen.state import LocalCopy, SharedState, list_checkpoints, load_checkpoint, write_checkpoint
 from p2pgen.testing.agents import Cluster, free_control_ports
 
 PEERS = ("s0", "s1", "s2")
@@ -66,7 +67,7 @@ class Plan:
     seed: int = 1
 
     @classmethod
-    def quick(cls) -> "Plan":
+    def quick(cls) -> Plan:
         return cls(sizes_mb=(16.0,), repeats=2, killall_mb=16.0, trials=1, churn_s=40.0)
 
 
@@ -84,8 +85,8 @@ def copies(mbytes: float, repeats: int) -> dict[str, Any]:
             tempfile.TemporaryDirectory(prefix="p2pgen-survive-ckpt-") as ckpt:
         source, copy = _state(mbytes, 1.0), LocalCopy(local, "bench", "p0")
         save, restore, write, load = [], [], [], []
-        for i in range(repeats):
-            source.commit()                               # as in the step loop: a commit drops cached digests
+        for _ in range(repeats):
+            source._commit()                               # as in the step loop: a commit drops cached digests
             t = time.perf_counter()
             copy.save(source, instance="bench", incarnation=1, generation=1, epoch=1)
             save.append(time.perf_counter() - t)
@@ -367,7 +368,8 @@ def format_churn(rows: list[dict[str, Any]], plan: Plan) -> str:
         table.append([r["config"], str(r["actions"]), str(r["generations"]), str(r["final_revision"]),
                       f"{r['resumed_below_certified']} ({r['steps_lost_vs_certified']})",
                       f"{r['resumed_below_committed']} ({r['steps_lost_vs_committed']})", str(r["held"])])
-    return (_table(table) + f"\n{plan.churn_members} members, {plan.churn_mb:g} MB of state, {plan.churn_s:g} s of faults every "
+    return (_table(table) + f"\n{plan.churn_members} members, {plan.churn_mb:g} MB of state, {plan.churn_s:g} s "
+            "of faults every "
             f"0.5-3 s (seed {plan.seed}): kill 1 application 55%, kill 2-3 applications within 0.3 s 15%, kill an "
             "agent (replaced after 1 s at its address) 15%, SIGSTOP an application 0.3-2 s 15%")
 

@@ -28,7 +28,8 @@ from p2pgen.bench.allreduce import stop_workers
 
 if TYPE_CHECKING:
     from p2pgen.core.model import Topology
-    from p2pgen.testing.netns import EmulatedCluster, Topology as Shape
+    from p2pgen.testing.netns import EmulatedCluster
+    from p2pgen.testing.netns import Topology as Shape
 
 JOB = "bench-topology"
 PROBE_PORT = 23500                 # every host is its own namespace: fixed ports do not collide
@@ -51,11 +52,11 @@ class Result:
     order: list[int]                       # host indexes in the topology order
     groups: list[list[int]]                # host indexes of each group, as ranked
     groups_from: str                       # "measured", or "topology file" when the matrix showed one group
-    topology: "Topology | None"
+    topology: Topology | None
     rows: list[Row]
 
 
-def default_shape(hosts: int) -> "Shape":
+def default_shape(hosts: int) -> Shape:
     """Two zones alternating (even hosts in `a`, odd in `b`), 10 Gbit/s inside, 200 Mbit/s between."""
     from p2pgen.testing.netns import parse_topology
 
@@ -68,7 +69,7 @@ def iterations(size: int) -> int:
     return max(2, min(20, (32 << 20) // max(size, 1)))
 
 
-def run(cluster: "EmulatedCluster", sizes: list[int], iters: int = 0, rounds: int = ROUNDS,
+def run(cluster: EmulatedCluster, sizes: list[int], iters: int = 0, rounds: int = ROUNDS,
         chunk_bytes: int = 1 << 20) -> Result:
     """Probe, order, then time every variant on every size (see the module docstring).
 
@@ -88,7 +89,7 @@ def run(cluster: "EmulatedCluster", sizes: list[int], iters: int = 0, rounds: in
         workers.close()
 
 
-def _plan(cluster: "EmulatedCluster", rates: dict[tuple[str, str], float]) -> Result:
+def _plan(cluster: EmulatedCluster, rates: dict[tuple[str, str], float]) -> Result:
     from p2pgen.core.model import Member
     from p2pgen.core.topology import ring_order
 
@@ -107,7 +108,7 @@ def _plan(cluster: "EmulatedCluster", rates: dict[tuple[str, str], float]) -> Re
     return Result(list(addrs), rates, index, groups, source, topology, [])
 
 
-def _measure(workers: "_Workers", size: int, iters: int, rounds: int) -> Row:
+def _measure(workers: _Workers, size: int, iters: int, rounds: int) -> Row:
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for k in range(rounds):
         turn = VARIANTS[k % len(VARIANTS):] + VARIANTS[:k % len(VARIANTS)]
@@ -156,7 +157,7 @@ def to_json(result: Result) -> str:
 class _Workers:
     """One worker process per host, idle between the calls it is told to time."""
 
-    def __init__(self, cluster: "EmulatedCluster", chunk_bytes: int) -> None:
+    def __init__(self, cluster: EmulatedCluster, chunk_bytes: int) -> None:
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         try:

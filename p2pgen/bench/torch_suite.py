@@ -14,8 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 STATUSES = ("passed", "failed", "skipped")
 
@@ -25,7 +25,8 @@ def run_backend(backend: str, world: int, names: Sequence[str], timeout_s: int, 
     with tempfile.TemporaryDirectory(prefix="p2pgen-torch-suite-") as tmp:
         out = Path(tmp) / "results.json"
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world),
-                   DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(timeout_s), TORCH_CPP_LOG_LEVEL="ERROR", PYTORCH_PRINT_REPRO_ON_FAILURE="0")
+                   DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(timeout_s), TORCH_CPP_LOG_LEVEL="ERROR",
+                   PYTORCH_PRINT_REPRO_ON_FAILURE="0")
         cmd = [sys.executable, "-m", "p2pgen.testing.torch_suite", "--json", str(out), *names]
         if progress:
             cmd.append("--progress")

@@ -16,8 +16,8 @@ Invariant: `window` bounds the messages a sender holds without a completion, so 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 EXACTLY_ONCE = "exactly_once"
 NAIVE = "naive"

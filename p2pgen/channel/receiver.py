@@ -38,8 +38,23 @@ import numpy as np
 from p2pgen import auth
 from p2pgen.channel.config import EXACTLY_ONCE, ChannelConfig, check_mode
 from p2pgen.channel.log import ConsumptionLog, LogBusy, channel_path
-from p2pgen.channel.wire import ACK, ARRAY, DATA, LOG, OPEN, Rejected, Slot, Stamp, decode_array, \
-    parse_header, read_exact, read_payload, recv_control, send_control, write_frame
+from p2pgen.channel.wire import (
+    ACK,
+    ARRAY,
+    DATA,
+    LOG,
+    OPEN,
+    Rejected,
+    Slot,
+    Stamp,
+    decode_array,
+    parse_header,
+    read_exact,
+    read_payload,
+    recv_control,
+    send_control,
+    write_frame,
+)
 from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.listener import Listener
 from p2pgen.transport import frame, handshake
@@ -101,7 +116,7 @@ class Message:
 
     __slots__ = ("seq", "generation", "incarnation", "encoding", "_rx", "_conn", "_slot")
 
-    def __init__(self, rx: "ChannelReceiver", conn: _Conn, seq: int, encoding: int, slot: Slot) -> None:
+    def __init__(self, rx: ChannelReceiver, conn: _Conn, seq: int, encoding: int, slot: Slot) -> None:
         self.seq = seq
         self.generation = conn.generation
         self.incarnation = conn.sender[1]

@@ -32,14 +32,26 @@ import logging
 import socket
 import struct
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from p2pgen import auth
 from p2pgen.channel.config import BATCHED, EXACTLY_ONCE, ChannelConfig, check_mode
 from p2pgen.channel.log import ConsumedSet
 from p2pgen.channel.receiver import _tune
-from p2pgen.channel.wire import ACK, DATA, LOG, OPEN, Stamp, encode, frame_bytes, parse_header, read_payload, \
-    recv_control, send_control, write_frame
+from p2pgen.channel.wire import (
+    ACK,
+    DATA,
+    LOG,
+    OPEN,
+    Stamp,
+    encode,
+    frame_bytes,
+    parse_header,
+    read_payload,
+    recv_control,
+    send_control,
+    write_frame,
+)
 from p2pgen.errors import EncryptionMismatch, Evicted, GenerationChanged, P2PGenError, PeerLost, ProtocolError
 from p2pgen.transport import frame, handshake
 from p2pgen.transport.group import Endpoint
@@ -143,8 +155,9 @@ class Channel:
         """
         item = encode(payload)
         with self._cond:
-            ready = lambda: self._failed or self._closed or (
-                self._link is not None and len(self._unacked) < self.config.window)
+            def ready() -> bool:
+                return bool(self._failed or self._closed or (
+                    self._link is not None and len(self._unacked) < self.config.window))
             if not self._cond.wait_for(ready, timeout):
                 raise TimeoutError(f"window of {self.config.window} still full after {timeout}s")
             self._raise_if_done()

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import msgpack
 import numpy as np

@@ -43,7 +43,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -254,13 +255,13 @@ class Injector:
 
     def _raft_now(self) -> dict | None:
         try:
-            return self.peer.agent.show()["raft"] if self.peer else {}
+            return self.peer._agent.show()["raft"] if self.peer else {}
         except (P2PGenError, OSError):
             return None
 
     def _voter_is_up(self, voter: dict) -> bool:
         try:
-            with AgentClient(voter["agent"], self.peer.secret, job=self.peer.job, timeout=0.5) as client:
+            with AgentClient(voter["agent"], self.peer._secret, job=self.peer.job, timeout=0.5) as client:
                 shown = client.show()
         except (P2PGenError, OSError):
             return False
@@ -404,8 +405,8 @@ def run_step(step: Any, state: SharedState, injector: Injector, log: EventLog, a
     injector.at("before_allreduce", r)
     for i, bucket in enumerate(model.buckets(grad)):
         if i == 0:
-            injector.arm_frames(peer.backend.op_seq + 1, r, step.rank, step.world,   # the control all-reduce runs first
-                                _takes_shared_memory(peer.backend, bucket.nbytes))
+            injector.arm_frames(peer._backend.op_seq + 1, r, step.rank, step.world,   # the control all-reduce is first
+                                _takes_shared_memory(peer._backend, bucket.nbytes))
         step.all_reduce(bucket, op="sum")
         injector.frames_armed = None
         if i == 0:

@@ -92,6 +92,6 @@ def reference_digests(steps: int) -> list[str]:
         grad = gradient(r, 0, BATCH)
         optimizer_momentum(state.tensors["m"], grad)
         optimizer_weights(state.tensors["w"], state.tensors["m"])
-        state.commit()
+        state._commit()
         digests.append(state.digest())
     return digests

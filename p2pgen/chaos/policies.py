@@ -27,7 +27,8 @@ state across generations.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -60,8 +61,8 @@ class ChaosObserver(PeerObserver):
     def before(self, peer: Peer, action: Action) -> None:
         if isinstance(action, Fetch):
             self.hook("catch_up", peer.state.revision, sources=list(action.pull.sources))
-        elif isinstance(action, Exit) and peer.follower.policy.restart_on_change and peer.backend is not None:
-            self.record("restart_all", generation=peer.backend.generation, revision=peer.state.revision)
+        elif isinstance(action, Exit) and peer._follower.policy.restart_on_change and peer._backend is not None:
+            self.record("restart_all", generation=peer._backend.generation, revision=peer.state.revision)
             os._exit(RESTART_ALL_EXIT)
 
     def after(self, peer: Peer, action: Action, ok: bool | None) -> None:
@@ -80,7 +81,7 @@ def shard_fields(peer: Peer) -> dict[str, Any]:
     if not peer.state.sharded or cert is None:
         return {}
     assigned: dict[str, list[int]] = {o: [] for o in peer.state.sharded}
-    assigned.update(cert.shards_owned(peer.identity))
+    assigned.update(cert.shards_owned(peer._identity))
     shards = {o: {str(i): obj.digest(i) for i in obj.owned()} for o, obj in peer.state.sharded.items()}
     return {"shards": shards, "assigned": assigned,
             "ownership": [[o, i, list(w)] for o, i, w in cert.ownership]}

@@ -46,7 +46,7 @@ DETECT = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=1.0", "--det
 AGENT_ARGS = ("--attach-grace=30", "--max-restarts=200")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     step_delay: float = 0.02
     pause_short: float = 0.3       # below the detector's 1.0 s timeout

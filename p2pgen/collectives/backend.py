@@ -25,7 +25,8 @@ all_to_all, send/recv) takes any dtype: it moves bytes.
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 
 class ReduceOp(str, enum.Enum):

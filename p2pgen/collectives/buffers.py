@@ -47,7 +47,7 @@ class Flat:
     def size(self) -> int:
         return self.elems.size
 
-    def same_kind(self, other: "Flat") -> bool:
+    def same_kind(self, other: Flat) -> bool:
         return self.dtype_name == other.dtype_name
 
 

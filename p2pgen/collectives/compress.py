@@ -169,8 +169,8 @@ class _Layout:
         return x.reshape(self.blocks, self.block)
 
 
-def _reduce_owned(backend: Backend, codec: "_Codec", layout: _Layout, mine: "_Coded", op: ReduceOp,
-                  dtype: np.dtype) -> tuple["_Coded", np.ndarray]:
+def _reduce_owned(backend: Backend, codec: _Codec, layout: _Layout, mine: _Coded, op: ReduceOp,
+                  dtype: np.dtype) -> tuple[_Coded, np.ndarray]:
     """Send every run's coded contribution to its owner; reduce the run this member owns and code it once.
     Returns the coded reduced run and what its coding left out (scaled to a sum's terms for AVG)."""
     n, r = backend.world, backend.rank
@@ -193,7 +193,7 @@ def _reduce_owned(backend: Backend, codec: "_Codec", layout: _Layout, mine: "_Co
     return reduced, left
 
 
-def _gather(backend: Backend, codec: "_Codec", layout: _Layout, reduced: "_Coded", dtype: np.dtype) -> np.ndarray:
+def _gather(backend: Backend, codec: _Codec, layout: _Layout, reduced: _Coded, dtype: np.dtype) -> np.ndarray:
     """all_gather every owner's coded run (padded to the longest) and decode the whole result."""
     n, r = backend.world, backend.rank
     sizes = [codec.nbytes(hi - lo, layout.elems(j)[1] - layout.elems(j)[0])

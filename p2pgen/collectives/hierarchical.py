@@ -26,7 +26,8 @@ communicator): the stages take the session's operation slot one after the other,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ MIN_BYTES = 256 << 10          # smaller all_reduces take the flat ring: three s
 class HierarchicalAllReduce:
     """The all_reduce of `backend`'s generation through `groups` (its ranks, grouped; see the module docstring)."""
 
-    def __init__(self, backend: "TcpBackend", groups: Sequence[Sequence[int]], min_bytes: int = MIN_BYTES,
+    def __init__(self, backend: TcpBackend, groups: Sequence[Sequence[int]], min_bytes: int = MIN_BYTES,
                  leaders_only: bool = False) -> None:
         """Args:
             backend: the generation's TcpBackend (not a subgroup).
@@ -144,7 +145,7 @@ def _typed(arr: np.ndarray, like: Flat) -> Any:
     return torch.from_numpy(arr).view(torch.bfloat16)
 
 
-def attach(backend: "TcpBackend", groups: Sequence[Sequence[int]], **options: Any) -> HierarchicalAllReduce:
+def attach(backend: TcpBackend, groups: Sequence[Sequence[int]], **options: Any) -> HierarchicalAllReduce:
     """Make `backend`'s all_reduce hierarchical over `groups` (see HierarchicalAllReduce for the options).
 
     Raises:

@@ -45,7 +45,8 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from p2pgen.collectives.backend import ReduceOp, as_op, splits
 from p2pgen.collectives.nccl_buffers import DTYPES, ITEMSIZE, REDUCTIONS, DevBuf, nccl_dtype, nccl_op, wire
@@ -267,7 +268,8 @@ class NcclBackend:
         return buf
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
-        out, inp = self._dev.describe(output, "reduce_scatter output"), self._dev.describe(input, "reduce_scatter input")
+        out = self._dev.describe(output, "reduce_scatter output")
+        inp = self._dev.describe(input, "reduce_scatter input")
         self._check_pair(out, inp, "reduce_scatter")
         code = nccl_op(self._nccl, as_op(op), inp, self.version, "reduce_scatter")
         dtype = nccl_dtype(self._nccl, inp, "reduce_scatter")

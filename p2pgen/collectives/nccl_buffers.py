@@ -51,7 +51,7 @@ class DevBuf:
     def nbytes(self) -> int:
         return self.count * ITEMSIZE[self.dtype]
 
-    def overlaps(self, other: "DevBuf") -> bool:
+    def overlaps(self, other: DevBuf) -> bool:
         return (self.nbytes > 0 and other.nbytes > 0 and self.device == other.device
                 and self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes)
 

@@ -15,7 +15,7 @@ accepted: a wrong length, a non-hex digit or an out-of-range int raises `ValueEr
 from __future__ import annotations
 
 import platform
-from typing import Sequence
+from collections.abc import Sequence
 
 UNIQUE_ID_BYTES = 128          # NCCL_UNIQUE_ID_BYTES in nccl.h
 HEX_DIGITS = 2 * UNIQUE_ID_BYTES

@@ -18,9 +18,9 @@ from typing import Any
 
 from p2pgen.collectives import hierarchical
 from p2pgen.collectives.backend import Backend
-from p2pgen.core.view import ActiveGeneration, PendingGeneration
 from p2pgen.collectives.staged import HostStagedBackend
 from p2pgen.collectives.tcp import TcpBackend
+from p2pgen.core.view import ActiveGeneration, PendingGeneration
 
 KINDS = ("tcp", "nccl")
 

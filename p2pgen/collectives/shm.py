@@ -2,7 +2,8 @@
 
 Owns: one generation's shared segment (made by rank 0, mapped by every member, unlinked as soon as all of
 them mapped it or gave up) and the algorithm over it. The buffer is cut into pieces of at most `PIECE_BYTES`
-per member; for each piece every member copies its input into its own input slot, a barrier passes, and every member reduces
+per member; for each piece every member copies its input into its own input slot, a barrier passes, and every
+member reduces
 its own share of the piece (1/world of it) from all inputs, in rank order, into the segment's output region.
 After the last piece a final barrier passes and every member copies the whole output region into its buffer.
 Per member and call that is one copy in, one read of 1/world of everyone's input, one copy out: no kernel
@@ -47,7 +48,7 @@ import re
 import secrets
 import struct
 import zlib
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -154,7 +155,7 @@ class ShmAllReduce:
         self._uses += 1
         return self._uses % 2
 
-    def _reduce(self, seg: "_Segment", slot: int, op: ReduceOp, flat: Flat, lo: int, hi: int,
+    def _reduce(self, seg: _Segment, slot: int, op: ReduceOp, flat: Flat, lo: int, hi: int,
                 dest: np.ndarray) -> None:
         """dest = the reduction, in rank order, of elements lo..hi of every member's input in `slot`."""
         if lo == hi:
@@ -297,7 +298,7 @@ class _Segment:
         return _HEADER_BYTES + world * 2 * min(PIECE_BYTES, capacity) + capacity
 
     @classmethod
-    def create(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> "_Segment | None":
+    def create(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> _Segment | None:
         """A new segment at `path` with `size` bytes reserved (so a full /dev/shm fails here, not as a SIGBUS
         later); None if it cannot be made, or if it would take more than half of the space left (the
         host's other users of /dev/shm, such as the local copy of the state, keep the rest)."""
@@ -320,7 +321,7 @@ class _Segment:
         return cls(mm, capacity, world)
 
     @classmethod
-    def attach(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> "_Segment | None":
+    def attach(cls, path: str, token: bytes, size: int, capacity: int, world: int) -> _Segment | None:
         """The segment rank 0 made, if it is at `path` on this host, has `size` bytes and carries `token`."""
         try:
             fd = os.open(path, os.O_RDWR)

@@ -12,8 +12,9 @@ succeeded, so when it raises every buffer passed in is exactly as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from p2pgen.collectives.backend import Backend, ReduceOp
 
@@ -90,7 +91,7 @@ class HostStagedBackend:
                    input_splits: Sequence[int] | None = None) -> Any:
         return self._run(lambda o, i: self.inner.all_to_all(o, i, output_splits, input_splits), output, input)
 
-    def subgroup(self, ranks: Sequence[int]) -> "HostStagedBackend":
+    def subgroup(self, ranks: Sequence[int]) -> HostStagedBackend:
         """The inner backend's subgroup of `ranks`, staged the same way (the inner backend must have one)."""
         make = getattr(self.inner, "subgroup", None)
         if make is None:

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class TcpBackend:
         self._p2p_received = [0] * self.world
         self._work = np.empty(0, np.uint8)
 
-    def subgroup(self, ranks: Sequence[int]) -> "TcpBackend":
+    def subgroup(self, ranks: Sequence[int]) -> TcpBackend:
         """The communicator of members `ranks` (ranks of this backend, ascending) of this generation; this
         member must be one of them. Every member of the subgroup must create it with the same ranks."""
         ranks = tuple(int(r) for r in ranks)
@@ -360,7 +361,7 @@ class TcpBackend:
         self.abort("communicator closed by its owner")
 
     # ---- ring algorithms -----------------------------------------------------------------------
-    def _reduce_scatter(self, pipe: "_Pipe", op: ReduceOp, flat: Flat, src: np.ndarray, work: np.ndarray,
+    def _reduce_scatter(self, pipe: _Pipe, op: ReduceOp, flat: Flat, src: np.ndarray, work: np.ndarray,
                         bounds: list[tuple[int, int]], seg: int, gather: bool) -> None:
         """After N-1 steps rank r holds the reduction of chunk r in `work` (forwarded on if `gather`).
 
@@ -393,7 +394,7 @@ class TcpBackend:
                 if gather or not last:
                     pipe.send(work[a:b])
 
-    def _all_gather(self, pipe: "_Pipe", work: np.ndarray, bounds: list[tuple[int, int]], seg: int) -> None:
+    def _all_gather(self, pipe: _Pipe, work: np.ndarray, bounds: list[tuple[int, int]], seg: int) -> None:
         """Rank r's chunk r is on its way to r+1 already; receive and forward the others."""
         n, r = self.world, self.rank
         for step in range(n - 1):
@@ -459,7 +460,7 @@ class TcpBackend:
         links = self._links(sorted({prev, nxt}))
         return links[prev], links[nxt]
 
-    def _ring_pipe(self, seq: int, nbytes: int) -> "_Pipe":
+    def _ring_pipe(self, seq: int, nbytes: int) -> _Pipe:
         prev, nxt = self._ring_links()
         return _Pipe(prev, nxt, FrameKind.COLLECTIVE, seq, inline=nbytes <= self._inline_bytes)
 

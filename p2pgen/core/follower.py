@@ -37,7 +37,6 @@ process is proposed, as torchrun's rendezvous does).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from p2pgen.core.model import Hold, Pull, ShardPull
 from p2pgen.core.view import ActiveGeneration, Identity, JobView, PendingGeneration
@@ -150,8 +149,8 @@ class Stop:
     reason: str
 
 
-Action = Union[RunStep, Retire, AskReform, Vote, Fetch, FetchShards, ReportSynced, NoteHold, AskFallback, Activate,
-               Wait, Exit, Stop]
+Action = (RunStep | Retire | AskReform | Vote | Fetch | FetchShards | ReportSynced | NoteHold | AskFallback | Activate
+          | Wait | Exit | Stop)
 
 
 @dataclass

@@ -63,8 +63,8 @@ def _spread(pullers: Sequence[Member], sources: tuple[str, ...]) -> tuple[Pull, 
 def _checkpoint_election(members: Sequence[Member], known: Sequence[Member], votes: Mapping[str, ReadyVote],
                          live_top: int, last_certified: Frontier | None) -> Election | None:
     """The election when a checkpoint reported by a quiesced member is newer than every live state."""
-    refs = [(m, votes[m.peer_id].checkpoint) for m in known]
-    refs = [(m, c) for m, c in refs if c is not None and c.digest and c.revision > live_top]
+    offered = [(m, votes[m.peer_id].checkpoint) for m in known]
+    refs = [(m, c) for m, c in offered if c is not None and c.digest and c.revision > live_top]
     if not refs:
         return None
     top = max(c.revision for _, c in refs)

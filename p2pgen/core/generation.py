@@ -2,7 +2,8 @@
 
 Owns: the replicated state of one job (DESIGN, "The generation protocol"): members with
 incarnations (and zones), the active certificate, the pending proposal, tombstones, the last incarnation seen
-per peer, the link rates the agents measured, and a bounded history. Every peer applies the same commands in the same (Raft log) order and so
+per peer, the link rates the agents measured, and a bounded history. Every peer applies the same commands in the
+same (Raft log) order and so
 holds the same state (I1).
 
 Invariants kept (checked by tests/core after every step):
@@ -43,18 +44,49 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from p2pgen.core.frontier import elect_frontier
+from p2pgen.core.model import (
+    DEFAULT_REGRESS_WAIT,
+    QUIESCENCE_VALUES,
+    Activated,
+    ActivationHeld,
+    Certificate,
+    CheckpointRef,
+    Command,
+    Configure,
+    Effect,
+    Election,
+    Fallback,
+    FrontierElected,
+    HistoryEntry,
+    Hold,
+    Kept,
+    Leave,
+    Links,
+    LogPosition,
+    Member,
+    MemberEvicted,
+    Outcome,
+    ProposalAbandoned,
+    ProposalOpened,
+    Ready,
+    ReadyVote,
+    Reform,
+    Reformed,
+    Register,
+    RestartRequired,
+    Suspect,
+    Synced,
+    Tombstone,
+    Topology,
+)
 from p2pgen.core.ownership import Partition, parse_layout, parse_shards
 from p2pgen.core.shards import elect_shards
 from p2pgen.core.topology import check_zone, parse_rates, ring_order
-from p2pgen.core.model import (
-    DEFAULT_REGRESS_WAIT, QUIESCENCE_VALUES, ActivationHeld, Activated, Certificate, CheckpointRef, Command,
-    Configure, Effect, Election, Fallback, FrontierElected, Hold, HistoryEntry, Leave, LogPosition, Member,
-    Kept, Links, MemberEvicted, Outcome, ProposalAbandoned, ProposalOpened, Ready, ReadyVote, Reform, Reformed,
-    Register, RestartRequired, Suspect, Synced, Tombstone, Topology,
-)
 
 HISTORY_LIMIT = 64
 LINKS_LIMIT = 4096          # measured (from, to) host pairs kept; the oldest report goes first
@@ -236,8 +268,9 @@ class GenerationMachine:
         last_holder = (self._last_holder_note(cmd.peer_id, cmd.incarnation, cmd.at)
                        if cmd.reporter != cmd.peer_id else None)   # its own agent reports what it kept
         outcome = self._remove(cmd.peer_id, cmd.incarnation, f"suspected by {cmd.reporter}: {cmd.reason}", cmd.at)
-        if outcome.ok and (own_copy or last_holder) is not None:
-            self.kept[cmd.peer_id] = own_copy or last_holder   # its agent, if it lives, replaces a note with the copy
+        kept = own_copy or last_holder
+        if outcome.ok and kept is not None:
+            self.kept[cmd.peer_id] = kept   # its agent, if it lives, replaces a note with the copy
         return outcome
 
     def _last_holder_note(self, peer_id: str, incarnation: int, at: float) -> Kept | None:
@@ -263,7 +296,9 @@ class GenerationMachine:
         if refusal:
             return Outcome.refused(refusal)
         effects: list[Effect] = []
-        self._evict(self.member(peer_id), why, at, effects)
+        member = self.member(peer_id)
+        assert member is not None              # _check_current found it
+        self._evict(member, why, at, effects)
         self._membership_changed(f"{peer_id}#{incarnation} removed ({why})", at, effects)
         return Outcome(True, f"removed {peer_id}#{incarnation}: {why}", tuple(effects))
 
@@ -324,7 +359,7 @@ class GenerationMachine:
                                    f"got {cmd.quiescence!r}")
         if cmd.revision < 0 or cmd.collective_seq < 0 or cmd.epoch < 0 or cmd.ckpt_epoch < 0:
             return Outcome.refused("ready: revision, collective_seq and epochs must be >= 0")
-        proposal = self.pending
+        proposal = self._open_proposal()
         checkpoint = (CheckpointRef(cmd.ckpt_revision, cmd.ckpt_digest, cmd.ckpt_epoch)
                       if cmd.ckpt_revision >= 0 and cmd.ckpt_digest else None)
         layout, shards, refusal = self._check_shards(cmd.peer_id, cmd.layout, cmd.shards)
@@ -344,6 +379,7 @@ class GenerationMachine:
         effects: list[Effect] = []
         if cmd.quiescence == "unknown":
             member = proposal.member(cmd.peer_id)
+            assert member is not None          # _check_vote found it in the proposal
             why = f"cannot prove quiescence of generation {proposal.parent}: must restart as a new incarnation"
             effects.append(RestartRequired(member.peer_id, member.incarnation, why))
             self._evict(member, why, cmd.at, effects)
@@ -391,7 +427,7 @@ class GenerationMachine:
         return layout, tuple((o, i, d) for (o, i), d in sorted(held.items())), None
 
     def _election(self) -> Election:
-        p = self.pending
+        p = self._open_proposal()
         last = self.active.frontier if self.active else None
         election = elect_frontier(p.members, p.votes, last)
         if not self.layout:
@@ -415,7 +451,7 @@ class GenerationMachine:
 
     def _elect(self, election: Election, at: float, position: LogPosition, effects: list[Effect]) -> None:
         """Every member voted: elect, or hold the proposal if its frontier would regress and may not yet."""
-        proposal = self.pending
+        proposal = self._open_proposal()
         awaited = self._awaited_copy(election, at)
         if awaited is not None:
             copy_ = awaited
@@ -448,7 +484,7 @@ class GenerationMachine:
         """The best local copy a dead incarnation left above this frontier, still worth waiting for: on the job's
         history, its peer not voting in this proposal (a new incarnation's vote says what it restored), and
         reported less than `regress_wait` ago."""
-        voting = {m.peer_id for m in self.pending.members}
+        voting = {m.peer_id for m in self._open_proposal().members}
         frontier = election.frontier.revision
         waiting = [k for k in self.kept.values()
                    if k.peer_id not in voting and (k.revision > frontier or (not k.exact and k.revision >= frontier))
@@ -491,7 +527,7 @@ class GenerationMachine:
         refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
         if refusal:
             return Outcome.refused(refusal)
-        proposal = self.pending
+        proposal = self._open_proposal()
         if proposal.hold is None:
             return Outcome(True, f"generation {cmd.generation} is not held: nothing to fall back from")
         election, since = self._election(), proposal.hold.since
@@ -514,7 +550,8 @@ class GenerationMachine:
         refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)
         if refusal:
             return Outcome.refused(refusal)
-        election = self.pending.election
+        proposal = self._open_proposal()
+        election = proposal.election
         if election is None:
             return Outcome.refused(f"synced: the frontier of generation {cmd.generation} is not elected yet "
                                    "(wait until every member is ready)")
@@ -527,9 +564,9 @@ class GenerationMachine:
         if cmd.digest != election.frontier.digest:
             return Outcome.refused(f"synced: {cmd.peer_id} holds digest {cmd.digest or '<empty>'}, the frontier is "
                                    f"{election.frontier.digest or '<empty>'}; pull again")
-        if cmd.peer_id in self.pending.synced:
+        if cmd.peer_id in proposal.synced:
             return Outcome.replay(f"{cmd.peer_id} already synced")
-        self.pending.synced.add(cmd.peer_id)
+        proposal.synced.add(cmd.peer_id)
         effects: list[Effect] = []
         self._maybe_activate(cmd.at, position, effects)
         return Outcome(True, f"{cmd.peer_id} synced to generation {cmd.generation}", tuple(effects))
@@ -542,10 +579,16 @@ class GenerationMachine:
         except ValueError as e:
             return f"any shard it can name ({e})"
         missing = [f"{sp.object_id}[{sp.index}]" for sp in shard_pulls
-                   if (sp.object_id, sp.index) not in held or (sp.digest and held[(sp.object_id, sp.index)] != sp.digest)]
+                   if (sp.object_id, sp.index) not in held
+                   or (sp.digest and held[(sp.object_id, sp.index)] != sp.digest)]
         return ", ".join(missing)
 
     # --- validation helpers ------------------------------------------------------------------------
+
+    def _open_proposal(self) -> Proposal:
+        """The pending proposal, which the caller's checks (`_check_vote`, a vote just counted) proved open."""
+        assert self.pending is not None, "no pending proposal"
+        return self.pending
 
     def _check_current(self, peer_id: str, incarnation: int) -> str | None:
         member = self.member(peer_id)
@@ -593,9 +636,12 @@ class GenerationMachine:
         effects.append(ProposalOpened(self.pending.generation, self.pending.parent, self.pending.members, why))
 
     def _maybe_activate(self, at: float, position: LogPosition, effects: list[Effect]) -> None:
-        proposal = self.pending
+        proposal = self._open_proposal()
         election = proposal.election
-        if election is None or any(p.peer_id not in proposal.synced for p in (*election.pulls, *election.shard_pulls)):
+        if election is None:
+            return
+        pulling = [p.peer_id for p in election.pulls] + [sp.peer_id for sp in election.shard_pulls]
+        if any(peer_id not in proposal.synced for peer_id in pulling):
             return
         parent = self.active
         self.resumes.append((proposal.generation, election.frontier.revision))
@@ -687,7 +733,7 @@ def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> 
     return Outcome(True, self.reform_note, tuple(effects))
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[GenerationMachine, Any, LogPosition], Outcome]] = {
     Reformed: _reformed,
     Kept: GenerationMachine._kept,
     Links: GenerationMachine._links,

@@ -8,7 +8,7 @@ deterministically, and compares by value. Identity is `(peer_id, incarnation)`, 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
 QUIESCENCE_VALUES = ("proved", "rolled_back", "unknown")
 DEFAULT_REGRESS_WAIT = 30.0     # seconds a generation that would resume below the certified revision waits
@@ -211,10 +211,10 @@ class Certificate:
     raft_index: int
     state_epoch: int = 1                        # goes up by one at each activation that regressed (a new branch)
     frontier_source: str = "members"            # "members" (a live member held it) or "checkpoint"
-    recovery: str = ""                          # loud one-line note when the frontier regressed or came from a checkpoint
+    recovery: str = ""                          # loud one-line note: the frontier regressed or came from a checkpoint
     raft_epoch: int = 0                         # the Raft epoch (0, then +1 at each fenced re-form) that certified it
-    reformed: str = ""                          # on the first generation after a re-form: the epoch, seed and lost agents
-    ownership: tuple[tuple[str, int, tuple[str, ...]], ...] = ()   # sharded objects: (object, shard, owner incarnations)
+    reformed: str = ""                          # the first generation after a re-form: its epoch, seed and lost agents
+    ownership: tuple[tuple[str, int, tuple[str, ...]], ...] = ()   # sharded objects: (object, shard, owners)
     objects: tuple[ObjectRecord, ...] = ()      # per sharded object: seed 000's manifest record
     moved: tuple[ShardPull, ...] = ()           # shards copied or rebuilt before this generation activated
     topology: Topology | None = None            # why the rank map is in this order (None: nothing was known)
@@ -426,7 +426,7 @@ class Reformed:
     at: float = 0.0
 
 
-Command = Union[Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept, Links, Reformed]
+Command = Configure | Register | Suspect | Leave | Reform | Ready | Synced | Fallback | Kept | Links | Reformed
 COMMAND_TYPES: dict[str, type] = {
     c.__name__.lower(): c for c in (Configure, Register, Suspect, Leave, Reform, Ready, Synced, Fallback, Kept,
                                     Links)}
@@ -479,8 +479,8 @@ class Activated:
     certificate: Certificate
 
 
-Effect = Union[ProposalOpened, ProposalAbandoned, MemberEvicted, RestartRequired, FrontierElected, ActivationHeld,
-               Activated]
+Effect = (ProposalOpened | ProposalAbandoned | MemberEvicted | RestartRequired | FrontierElected | ActivationHeld
+          | Activated)
 
 
 @dataclass(frozen=True)
@@ -495,9 +495,9 @@ class Outcome:
     replayed: bool = False
 
     @staticmethod
-    def refused(reason: str) -> "Outcome":
+    def refused(reason: str) -> Outcome:
         return Outcome(False, reason)
 
     @staticmethod
-    def replay(reason: str) -> "Outcome":
+    def replay(reason: str) -> Outcome:
         return Outcome(True, f"{reason} (replay)", replayed=True)

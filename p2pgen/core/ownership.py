@@ -44,7 +44,8 @@ class Partition:
 
     def __post_init__(self) -> None:
         if not self.object_id or _FORBIDDEN & set(self.object_id):
-            raise ValueError(f"object id {self.object_id!r}: must be non-empty, without any of {''.join(sorted(_FORBIDDEN))}")
+            raise ValueError(f"object id {self.object_id!r}: must be non-empty, without any of "
+                             f"{''.join(sorted(_FORBIDDEN))}")
         if self.length < 1 or self.shards < 1 or self.itemsize < 1 or self.r < 1:
             raise ValueError(f"object {self.object_id!r}: length, shards, itemsize and r must be >= 1, got "
                              f"{self.length}, {self.shards}, {self.itemsize}, {self.r}")
@@ -235,7 +236,8 @@ def _rebalance(members: Sequence[str], order: Mapping[str, int], kept: dict[Shar
             moves.append(Move(key, to, sizes[key], tuple(sorted(set(holders), key=order.__getitem__))))
 
 
-def naive_ownership(members: Sequence[str], shard_sizes: Mapping[ShardKey, int], r: int) -> dict[ShardKey, tuple[str, ...]]:
+def naive_ownership(members: Sequence[str], shard_sizes: Mapping[ShardKey, int],
+                    r: int) -> dict[ShardKey, tuple[str, ...]]:
     """The rank-arithmetic baseline (what most sharded optimizers do): shard i of an object is owned by
     ranks i, i+1, ... i+k-1 modulo the world, recomputed from scratch at every change."""
     world = len(members)

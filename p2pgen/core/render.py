@@ -11,8 +11,22 @@ from typing import Any
 
 from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
-    ActivationHeld, Activated, Certificate, Effect, Election, FrontierElected, Hold, Member, MemberEvicted,
-    Outcome, ProposalAbandoned, ProposalOpened, Pull, RestartRequired, ShardPull, Topology,
+    Activated,
+    ActivationHeld,
+    Certificate,
+    Effect,
+    Election,
+    FrontierElected,
+    Hold,
+    Member,
+    MemberEvicted,
+    Outcome,
+    ProposalAbandoned,
+    ProposalOpened,
+    Pull,
+    RestartRequired,
+    ShardPull,
+    Topology,
 )
 
 

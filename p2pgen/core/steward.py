@@ -147,7 +147,7 @@ def _holds_the_only_copy(machine: GenerationMachine, identity: tuple[str, int | 
     peer_id = identity[0]
     active = machine.active
     in_active = active is not None and identity in {m.identity for m in active.members}
-    if in_active and len(active.members) > 1:
+    if active is not None and in_active and len(active.members) > 1:
         return False
     held: list[int] = []
     kept = machine.kept.get(peer_id)

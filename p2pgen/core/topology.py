@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from p2pgen.core.model import Member, Topology
 
@@ -131,8 +131,9 @@ def _groups(members: tuple[Member, ...], links: Links) -> tuple[str, dict[str, s
     if "" in hosts or len(hosts) < 2 or any(r is None for _, _, r in pairs):
         label = {m.peer_id: NO_ZONE for m in members}
         return "join", label, lambda a, b: False, "no zones declared and no rate measured between every two hosts"
-    threshold = max(r for _, _, r in pairs) / SLOW_FACTOR
-    fast = {(a, b) for a, b, r in pairs if r >= threshold}
+    measured = [(a, b, r) for a, b, r in pairs if r is not None]     # all of them (checked above)
+    threshold = max(r for _, _, r in measured) / SLOW_FACTOR
+    fast = {(a, b) for a, b, r in measured if r >= threshold}
     component = _components(hosts, fast)
     label = {m.peer_id: component[m.host] for m in members}
 
@@ -192,7 +193,8 @@ def _hierarchy(order: tuple[Member, ...], groups: tuple[tuple[str, tuple[str, ..
         return False, "all_reduce: ring (every member on one host: shared memory)"
     host = {m.peer_id: m.host for m in order}
     group_of = {p: name for name, peers in groups for p in peers}
-    inside, between = [], []
+    inside: list[float | None] = []
+    between: list[float | None] = []
     for i, a in enumerate(order):
         for b in order[i + 1:]:
             if a.host == b.host:
@@ -203,8 +205,8 @@ def _hierarchy(order: tuple[Member, ...], groups: tuple[tuple[str, tuple[str, ..
         if source == "zones":
             return True, "all_reduce: hierarchical (declared zones; links not all measured)"
         return False, "all_reduce: ring (links not all measured)"
-    slowest_inside = min(inside, default=math.inf)
-    fastest_between = max(between)
+    slowest_inside = min((r for r in inside if r is not None), default=math.inf)     # every r is (checked above)
+    fastest_between = max(r for r in between if r is not None)
     if fastest_between * SLOW_FACTOR <= slowest_inside:
         return True, (f"all_reduce: hierarchical (between groups at most {fastest_between:.6g} Mbit/s, inside at "
                       f"least {_mbps(slowest_inside)})")

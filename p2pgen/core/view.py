@@ -60,7 +60,7 @@ class ActiveGeneration:
         return owned
 
     @staticmethod
-    def from_json(cert: dict[str, Any]) -> "ActiveGeneration":
+    def from_json(cert: dict[str, Any]) -> ActiveGeneration:
         return ActiveGeneration(
             generation=cert["generation"], parent=cert["parent"],
             members=tuple(_member(m) for m in sorted(cert["members"], key=lambda m: m["rank"])),
@@ -100,7 +100,7 @@ class PendingGeneration:
         return tuple(sp for sp in self.shard_pulls if sp.peer_id == peer_id)
 
     @staticmethod
-    def from_json(p: dict[str, Any]) -> "PendingGeneration":
+    def from_json(p: dict[str, Any]) -> PendingGeneration:
         members = tuple(Member(m["peer_id"], m["incarnation"]) for m in sorted(p["members"], key=lambda m: m["rank"]))
         incarnation = {m.peer_id: m.incarnation for m in members}
         hold = p["hold"]
@@ -145,7 +145,7 @@ class JobView:
         return on_branch(self.state_epoch, self.forks, epoch, revision)
 
     @staticmethod
-    def from_json(view: dict[str, Any]) -> "JobView":
+    def from_json(view: dict[str, Any]) -> JobView:
         """Parse the agent's `show` answer ({"state": ..., "raft": ...})."""
         state, raft = view["state"], view["raft"]
         return JobView(

@@ -1,6 +1,7 @@
 """Who votes in the job's Raft group: the pure decision the leader's agent acts on, one change at a time.
 
-Owns: the voter-count rule (`target_voters`), the quorum rule (`majority_up`) and `plan_voters`, a function of what the leader's agent knows (the
+Owns: the voter-count rule (`target_voters`), the quorum rule (`majority_up`) and `plan_voters`, a function of
+what the leader's agent knows (the
 voters in the configuration, the agents it hears, which voters are old enough to judge) that returns one
 decision with its reason. No I/O, no clock: the agent passes everything in.
 

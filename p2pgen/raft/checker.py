@@ -1,7 +1,8 @@
 """Raft safety checker over the agents' traces: was the replicated log one log, whatever the churn?
 
 Owns: reading a trace directory (the agents write `$P2PGEN_TRACE_DIR/raft/<peer_id>-<instance>.jsonl`, one
-JSON-lines file per agent process; every *.jsonl below the directory given is read) and four checks over every record of every process, used by
+JSON-lines file per agent process; every *.jsonl below the directory given is read) and four checks over every
+record of every process, used by
 tests, `p2pgen chaos` and `p2pgen stress`:
 - (a) `log_matching`: two nodes that applied log index i hold the same running hash at i (Raft's log
   matching: the entries up to i are the same entries);
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 CHECKS = ("log_matching", "one_leader_per_term", "register_once", "generation_once")
 EXAMPLES = 5                     # concrete examples kept per check

@@ -17,7 +17,6 @@ import struct
 from collections import OrderedDict
 
 import xxhash
-
 from pysyncobj import SyncObjConsumer, replicated
 
 from p2pgen.core import Command, GenerationMachine, LogPosition, Outcome

@@ -27,11 +27,11 @@ import random
 import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pysyncobj.pickle as so_pickle
 from pysyncobj import FAIL_REASON, SyncObjConf
@@ -65,7 +65,7 @@ class RaftUnavailable(P2PGenError):
 class RaftTiming:
     """Timeouts of the Raft node. Tight by default: the agent process does nothing else (see notes)."""
 
-    append_period: float = 0.15       # idle heartbeats only (new entries and commits are sent at once); < election_min / 3
+    append_period: float = 0.15       # idle heartbeats only (entries and commits are sent at once); < election_min / 3
     election_min: float = 0.5
     election_max: float = 1.0
     tick: float = 0.1                 # longest sleep between ticks while a request is pending or a voter is unreachable
@@ -149,7 +149,7 @@ class RaftNode:
         self._answered: list[tuple[_Request, object]] = []   # succeeded this turn: answered once published
         self._handed_over = False                 # a request went to SyncObj this turn: tick again at once
         self._tick_left_work = False              # the tick's last poll handled messages: tick again at once
-        self._hasten: str | None = None           # a leader id proven dead (another thread sets it; see hasten_election)
+        self._hasten: str | None = None           # a leader id proven dead (set by another thread; hasten_election)
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
         self._stop = threading.Event()

@@ -43,7 +43,8 @@ backwards.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time

@@ -7,9 +7,8 @@ figure a legend.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import textwrap
+from pathlib import Path
 
 import matplotlib
 import matplotlib.ticker
@@ -21,8 +20,16 @@ import numpy as np  # noqa: E402
 from p2pgen.simulator.engine import Run  # noqa: E402
 from p2pgen.simulator.report import P2PGEN_MTBF, ChurnResult, DetectorResult  # noqa: E402
 from p2pgen.simulator.tables import (  # noqa: E402
-    FIXED_ROW, MTBFS, P2PGEN_ROW, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS, TIMEOUTS,
-    agent_default_detector, describe_detector,
+    FIXED_ROW,
+    MTBFS,
+    P2PGEN_ROW,
+    P2PGEN_TIMEOUTS,
+    PHI_FLOORS,
+    SEED_MTBF_ROWS,
+    SEED_TIMEOUT_ROWS,
+    TIMEOUTS,
+    agent_default_detector,
+    describe_detector,
 )
 
 BAND_COLORS = {"hang": "darkred", "reconfigure": "salmon", "false eviction": "tab:purple"}
@@ -37,7 +44,8 @@ def detector_figure(r: DetectorResult, path: str | Path) -> None:
     left.plot(TIMEOUTS, [s.fp_cost for s in rows], "-o", color="tab:purple", label="false positives (evict + rejoin)")
     left.plot(TIMEOUTS, [s.reconfig_cost for s in rows], "-o", color="lightcoral",
               label="reconfiguring after deaths")
-    left.plot(TIMEOUTS, [s.additive_overhead for s in rows], "-", color="black", lw=2, label="total (additive, as the seed)")
+    left.plot(TIMEOUTS, [s.additive_overhead for s in rows], "-", color="black", lw=2,
+              label="total (additive, as the seed)")
     left.plot(TIMEOUTS, [s.overhead for s in rows], "--", color="black", label="total (overlapping stalls merged)")
     ts = sorted(SEED_TIMEOUT_ROWS)
     left.plot(ts, [SEED_TIMEOUT_ROWS[t][2] for t in ts], "s", ms=9, mfc="none", mec="tab:green", mew=2,

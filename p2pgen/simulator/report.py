@@ -12,9 +12,28 @@ from p2pgen.simulator.costs import RecoveryCosts
 from p2pgen.simulator.engine import Run, simulate
 from p2pgen.simulator.model import Scenario
 from p2pgen.simulator.tables import (
-    FIXED_ROW, MTBFS, P2PGEN_ROW, P2PGEN_TIMEOUTS, PHI_FLOORS, SEED_ASSUMPTIONS, SEED_MTBF_ROWS, SEED_TIMEOUT_ROWS,
-    TIMEOUTS, Summary, agent_default_detector, best, describe_detector, ladder, ladder_rows, mtbf_sweep,
-    p2pgen_scenario, phi_sweep, seed_scenario, share_rows, summarize, timeout_sweep,
+    FIXED_ROW,
+    MTBFS,
+    P2PGEN_ROW,
+    P2PGEN_TIMEOUTS,
+    PHI_FLOORS,
+    SEED_ASSUMPTIONS,
+    SEED_MTBF_ROWS,
+    SEED_TIMEOUT_ROWS,
+    TIMEOUTS,
+    Summary,
+    agent_default_detector,
+    best,
+    describe_detector,
+    ladder,
+    ladder_rows,
+    mtbf_sweep,
+    p2pgen_scenario,
+    phi_sweep,
+    seed_scenario,
+    share_rows,
+    summarize,
+    timeout_sweep,
 )
 
 SHARES = (0.0, 0.5, 0.8, 1.0)
@@ -87,12 +106,15 @@ def _header(spec: RunSpec) -> list[str]:
 
 
 def detector_text(r: DetectorResult) -> str:
-    lines = _header(r.spec) + ["", "## Seed model: heartbeat-timeout sweep (MTBF 50 s)", f"assumptions: {SEED_ASSUMPTIONS}", "",
-                               "timeout  detect lat  FP rate  overhead  (additive)  | seed: detect lat  FP rate  overhead"]
+    lines = _header(r.spec) + ["", "## Seed model: heartbeat-timeout sweep (MTBF 50 s)",
+                               f"assumptions: {SEED_ASSUMPTIONS}", "",
+                               "timeout  detect lat  FP rate  overhead  (additive)  "
+                               "| seed: detect lat  FP rate  overhead"]
     for t, s in zip(TIMEOUTS, r.seed_sweep):
         seed = SEED_TIMEOUT_ROWS.get(t)
         ref = f"  {seed[0]:10.2f}  {seed[1]:7.3f}  {seed[2]:8.4f}" if seed else ""
-        lines.append(f"{t:7.2f}  {s.detect_latency:10.2f}  {s.fp_rate:7.3f}  {s.overhead:8.4f}  ({s.additive_overhead:8.4f})  |{ref}")
+        lines.append(f"{t:7.2f}  {s.detect_latency:10.2f}  {s.fp_rate:7.3f}  {s.overhead:8.4f}  "
+                     f"({s.additive_overhead:8.4f})  |{ref}")
     opt = TIMEOUTS[r.seed_sweep.index(best(r.seed_sweep))]
     lines += [f"optimum: {opt:g} s (seed: 2.00 s; reconfigure time 1.0 s). 'overhead' merges overlapping stalls; "
               f"'additive' sums them, as the seed does.", "",
@@ -100,7 +122,8 @@ def detector_text(r: DetectorResult) -> str:
               f"heartbeats 0.1 s", f"costs: {r.spec.costs.source}", "",
               "detector               detect lat  FP rate  goodput  (min over runs)"]
     for s in r.p2pgen_fixed + r.p2pgen_phi + [r.agent_default]:
-        lines.append(f"{s.label:22s} {s.detect_latency:10.2f}  {s.fp_rate:7.3f}  {s.goodput:7.4f}  ({s.goodput_min:.4f})")
+        lines.append(f"{s.label:22s} {s.detect_latency:10.2f}  {s.fp_rate:7.3f}  {s.goodput:7.4f}  "
+                     f"({s.goodput_min:.4f})")
     lines.append(f"best fixed: {best(r.p2pgen_fixed).label}; best phi: {best(r.p2pgen_phi).label}; agent's default "
                  f"(what `p2pgen join` runs): {describe_detector(agent_default_detector())}")
     return "\n".join(lines)
@@ -108,7 +131,8 @@ def detector_text(r: DetectorResult) -> str:
 
 def churn_text(r: ChurnResult) -> str:
     width = max(len(name) for name, _ in r.ladder)
-    lines = _header(r.spec) + ["", "## Seed model: goodput vs MTBF (timeout 2.0 s)", f"assumptions: {SEED_ASSUMPTIONS}", "",
+    lines = _header(r.spec) + ["", "## Seed model: goodput vs MTBF (timeout 2.0 s)",
+                               f"assumptions: {SEED_ASSUMPTIONS}", "",
                                "MTBF  failures/100 s  goodput  (additive)  | seed: failures/100  goodput"]
     for s, m in zip(r.seed_mtbf, MTBFS):
         f100, gp = SEED_MTBF_ROWS[m]

@@ -17,16 +17,21 @@ before the generation activates, and checkpoints hold each shard once (`shardckp
 """
 
 from p2pgen.state.checkpoint import (
-    CheckpointError, CheckpointInfo, list_checkpoints, load_checkpoint, write_checkpoint,
+    CheckpointError,
+    CheckpointInfo,
+    list_checkpoints,
+    load_checkpoint,
+    write_checkpoint,
 )
 from p2pgen.state.keeper import StateKeeper, StateKeeperConfig
 from p2pgen.state.localcopy import LocalCopy, LocalCopyError
 from p2pgen.state.pull import PullConfig, PullReport, Source, pull_state
 from p2pgen.state.server import ServerConfig, StateServer
-from p2pgen.state.shared import Entry, Manifest, SharedState
 from p2pgen.state.sharded import ShardedObject, ShardMismatch
+from p2pgen.state.shared import Entry, Manifest, SharedState
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 
 __all__ = ["CheckpointError", "CheckpointInfo", "DigestMismatch", "Entry", "LocalCopy", "LocalCopyError", "Manifest",
-           "PullConfig", "PullReport", "ServerConfig", "ShardMismatch", "ShardedObject", "SharedState", "Source", "StateKeeper", "StateKeeperConfig",
+           "PullConfig", "PullReport", "ServerConfig", "ShardMismatch", "ShardedObject", "SharedState", "Source",
+           "StateKeeper", "StateKeeperConfig",
            "StateServer", "StateSyncError", "list_checkpoints", "load_checkpoint", "pull_state", "write_checkpoint"]

@@ -77,7 +77,7 @@ def write_checkpoint(state: SharedState, directory: str | os.PathLike, *, job: s
     Returns the checkpoint's folder. The state must not change meanwhile (call it between steps)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    manifest = state.manifest()
+    manifest = state._manifest()
     final = root / checkpoint_name(state.revision, manifest.digest)
     if final.exists():
         return final                       # this revision is already saved (by another writer or earlier)
@@ -86,7 +86,7 @@ def write_checkpoint(state: SharedState, directory: str | os.PathLike, *, job: s
     try:
         records = []
         for i, e in enumerate(manifest.entries):
-            _write_file(tmp / f"t{i}.bin", memoryview(state.snapshot_bytes(e.name)))
+            _write_file(tmp / f"t{i}.bin", memoryview(state._snapshot_bytes(e.name)))
             records.append({"object_id": e.name, "kind": "tensor", "file": f"t{i}.bin", "dtype": e.dtype,
                             "shape": list(e.shape), "nbytes": e.nbytes, "digest": e.digest})
         raw = objects_bytes(state.objects)
@@ -159,8 +159,8 @@ def load_checkpoint(state: SharedState, info: CheckpointInfo) -> None:
     if manifest_digest(digests, obj["digest"]) != info.digest:
         raise CheckpointError(f"{info.path}: the recorded digests do not add up to the manifest digest")
     for name, buf in data.items():
-        state.load_tensor(name, buf)
-    state.load_objects(raw)
+        state._load_tensor(name, buf)
+    state._load_objects(raw)
     state.revision = info.revision
 
 

@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from p2pgen.core import Frontier
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.state.checkpoint import (
-    CheckpointError, CheckpointInfo, list_checkpoints, load_checkpoint, quarantine, write_checkpoint,
+    CheckpointError,
+    CheckpointInfo,
+    list_checkpoints,
+    load_checkpoint,
+    quarantine,
+    write_checkpoint,
 )
 from p2pgen.state.localcopy import LocalCopy, LocalCopyError
 from p2pgen.state.shardckpt import find_shards, load_shards, prune_shards, write_shards
@@ -55,7 +61,7 @@ class StateKeeperConfig:
     restore_dirs: tuple[str, ...] = field(default=())   # checkpoints of an earlier run to start from
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "StateKeeperConfig":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> StateKeeperConfig:
         numbers = {name: env.get(name, default) for name, default in
                    ((ENV_LOCAL_EVERY, "1"), (ENV_CHECKPOINT_EVERY, "0"), (ENV_CHECKPOINT_KEEP, "3"))}
         if not all(v.isdigit() for v in numbers.values()) or numbers[ENV_LOCAL_EVERY] == "0":

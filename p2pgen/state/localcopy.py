@@ -81,7 +81,7 @@ class LocalCopy:
 
     def save(self, state: SharedState, *, instance: str, incarnation: int, generation: int, epoch: int) -> CopyInfo:
         """Write `state` (quiesced: committed, not being modified) into the free slot, then point at it."""
-        manifest = state.manifest()
+        manifest = state._manifest()
         raw_objects = objects_bytes(state.objects)
         current = self._pointer()
         slot = 1 - int(current["slot"]) if current else 0
@@ -102,7 +102,7 @@ class LocalCopy:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
             for (name, *_rest, off, _n, _d) in entries:
-                _pwrite_all(fd, memoryview(state.snapshot_bytes(name)), off)
+                _pwrite_all(fd, memoryview(state._snapshot_bytes(name)), off)
             _pwrite_all(fd, memoryview(raw_objects), objects[0])
             for object_id, i, off, _n, _d in shards:
                 _pwrite_all(fd, memoryview(state.sharded[object_id].shard_bytes(i)), off)
@@ -110,7 +110,8 @@ class LocalCopy:
             os.close(fd)
         pointer = {"format": FORMAT, "job": self.job, "instance": instance, "peer": self.peer_id,
                    "incarnation": incarnation, "generation": generation, "epoch": epoch, "slot": slot,
-                   "revision": state.revision, "digest": manifest.digest, "entries": entries, "objects": objects, "shards": shards,
+                   "revision": state.revision, "digest": manifest.digest, "entries": entries, "objects": objects,
+                   "shards": shards,
                    "nbytes": size, "written_at": time.time()}
         tmp = os.path.join(self.folder, f".{POINTER}.{os.getpid()}.tmp")
         with open(tmp, "w") as f:
@@ -137,20 +138,21 @@ class LocalCopy:
             raise LocalCopyError(f"no local copy in {self.folder}")
         self._check_owner(pointer, instance)
         self._check_layout(pointer, state)
-        data = np.memmap(self._slot(pointer["slot"]), dtype=np.uint8, mode="c")   # copy-on-write: never changes the file
+        # copy-on-write: never changes the file
+        data = np.memmap(self._slot(pointer["slot"]), dtype=np.uint8, mode="c")
         try:
             if len(data) < pointer["nbytes"]:
                 raise LocalCopyError(f"slot {pointer['slot']} holds {len(data)} bytes, the copy {pointer['nbytes']}")
             views = self._verified(pointer, data)
             shards = self._verified_shards(pointer, data, state)
             for name, view in views.items():
-                state.load_tensor(name, view)
+                state._load_tensor(name, view)
             for obj in state.sharded.values():      # exactly the shards of the copy's revision, no others
                 obj.keep_only([])
             for (object_id, i), (view, digest) in shards.items():
                 state.sharded[object_id].install(i, view, digest)
             off, n, _ = pointer["objects"]
-            state.load_objects(bytes(data[off:off + n]))
+            state._load_objects(bytes(data[off:off + n]))
             state.revision = int(pointer["revision"])
         finally:
             del data

@@ -6,7 +6,8 @@ source sends which chunks, staging, verification, and the report.
 Contract and invariants:
 - Only tensors whose bytes differ from the source manifest's are fetched (found block by block, stopping
   at the first block that differs: a joiner's fresh tensor costs one block of hashing); the objects only
-  if their digest differs. All sources must announce the frontier digest (else that source is dropped, "wrong_frontier").
+  if their digest differs. All sources must announce the frontier digest (else that source is dropped,
+  "wrong_frontier").
 - Chunks are split across all live sources (each worker takes the next batch from one queue). When a
   source dies or misbehaves, the chunks it had not delivered go back to the queue and the remaining
   sources continue from there (`PullReport.resumed` counts it).
@@ -36,8 +37,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -48,8 +49,16 @@ from p2pgen.core.model import Frontier
 from p2pgen.errors import P2PGenError, ProtocolError
 from p2pgen.state import tensors as tz
 from p2pgen.state import wire
-from p2pgen.state.shared import (DIGEST_BLOCK, Manifest, SharedState, block_count, block_digests,
-                                 block_of_chunk, digest_of_blocks, manifest_digest)
+from p2pgen.state.shared import (
+    DIGEST_BLOCK,
+    Manifest,
+    SharedState,
+    block_count,
+    block_digests,
+    block_of_chunk,
+    digest_of_blocks,
+    manifest_digest,
+)
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 from p2pgen.transport import handshake
 from p2pgen.transport.seal import Seal
@@ -219,10 +228,10 @@ class _Pull:
     def _finish(self, seconds: float) -> PullReport:
         plan = self.plan
         if plan.objects:
-            self.state.load_objects(plan.objects_raw)
+            self.state._load_objects(plan.objects_raw)
         self.state.revision = plan.manifest.revision
         for t in plan.fetch:           # keyed by the new revision: `synced` hashes none of them again
-            self.state.verified(plan.manifest.entries[t].name, plan.manifest.entries[t].blocks)
+            self.state._verified(plan.manifest.entries[t].name, plan.manifest.entries[t].blocks)
         digest = self._final_digest()
         if digest != self.frontier.digest:
             self.counters.add("digest_mismatch")
@@ -241,7 +250,7 @@ class _Pull:
         to hold the manifest's at the start (nobody touches the state during a pull); the loaded objects
         are re-pickled and hashed now."""
         digests = {e.name: e.digest for e in self.plan.manifest.entries}
-        return manifest_digest(digests, self.state.objects_digest()[0])
+        return manifest_digest(digests, self.state._objects_digest()[0])
 
     # ---- one worker per source -----------------------------------------------------------------
     def _worker(self, index: int, source: Source) -> None:
@@ -310,10 +319,10 @@ class _Pull:
 
     def _make_plan(self, manifest: Manifest) -> _Plan:
         self._check_layout(manifest)
-        held = [self.state.holds(e) for e in manifest.entries]     # stops at a tensor's first differing block
+        held = [self.state._holds(e) for e in manifest.entries]     # stops at a tensor's first differing block
         fetch = [i for i, e in enumerate(manifest.entries) if not held[i]]
         skipped = tuple(e.name for i, e in enumerate(manifest.entries) if held[i])
-        objects = self.state.objects_digest()[0] != manifest.objects_digest
+        objects = self.state._objects_digest()[0] != manifest.objects_digest
         plan = _Plan(manifest, fetch, skipped, objects)
         cb = self.config.chunk_bytes
         for t in fetch:
@@ -334,7 +343,8 @@ class _Pull:
         theirs = {e.name: e for e in manifest.entries}
         if set(mine) != set(theirs):
             err = StateSyncError(f"tensor names differ from the frontier state: missing here "
-                                 f"{sorted(set(theirs) - set(mine))}, not in the frontier {sorted(set(mine) - set(theirs))}; "
+                                 f"{sorted(set(theirs) - set(mine))}, not in the frontier "
+                                 f"{sorted(set(mine) - set(theirs))}; "
                                  "every member must register the same tensors before joining")
             self.fatal = err
             raise err
@@ -485,7 +495,7 @@ class _Pull:
         else:
             with self.cond:
                 self.changed.add(entry.name)
-            self.state.load_tensor(entry.name, data)
+            self.state._load_tensor(entry.name, data)
         with self.cond:
             self.plan.installed.add(entry.name)
             if not own:

@@ -26,8 +26,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import msgpack
 
@@ -107,7 +107,7 @@ class StateServer:
     # ---- window --------------------------------------------------------------------------------
     def _open_window(self, generation: int) -> _Window:
         names = sorted(self.state.tensors)
-        window = _Window(generation, self.state.manifest(),
+        window = _Window(generation, self.state._manifest(),
                          tuple(tz.version(self.state.tensors[n]) for n in names),
                          objects_bytes(self.state.objects), _held_shards(self.state))
         with self._cond:
@@ -198,7 +198,8 @@ class StateServer:
         elif op == "get":
             self._send_chunks(out, w, req)
         elif op == "shards":
-            out.send(wire.MANIFEST, 0, 0, msgpack.packb([[o, i, d, len(b)] for (o, i), (d, b) in sorted(w.shards.items())]))
+            manifest = [[o, i, d, len(b)] for (o, i), (d, b) in sorted(w.shards.items())]
+            out.send(wire.MANIFEST, 0, 0, msgpack.packb(manifest))
         elif op == "shard_get":
             self._send_shard(out, w, req)
         else:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 

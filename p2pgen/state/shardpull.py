@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -27,8 +27,8 @@ from p2pgen.core.model import ShardPull
 from p2pgen.errors import P2PGenError
 from p2pgen.state import wire
 from p2pgen.state.pull import PullConfig, Source
-from p2pgen.state.shared import SharedState
 from p2pgen.state.sharded import ShardMismatch
+from p2pgen.state.shared import SharedState
 from p2pgen.state.wire import StateSyncError
 from p2pgen.transport import handshake, hooks
 from p2pgen.transport.seal import Seal

@@ -17,7 +17,7 @@ Invariants:
 - A cached tensor digest is reused only while the tensor provably did not change. How the code knows:
   * torch tensors: the cache entry records the tensor object, its data address, its `_version` (torch's
     counter of in-place writes, shared with its views) and the revision. `_version` catches in-place
-    writes within a revision; `commit()` invalidates every entry because some writes never bump
+    writes within a revision; `step.commit()` invalidates every entry because some writes never bump
     `_version`: fused optimizers (`torch.optim.AdamW(fused=True)`, `SGD(fused=True)`, measured with torch
     2.13 on CPU) and writes through `.data` or a `.numpy()` view. Outside the commit contract, call
     `touch(name)` after such a write.
@@ -118,15 +118,15 @@ class Manifest:
                 "entries": [[e.name, e.digest, e.dtype, list(e.shape), e.nbytes, list(e.blocks)] for e in self.entries]}
 
     @classmethod
-    def from_wire(cls, msg: Any) -> "Manifest":
+    def from_wire(cls, msg: Any) -> Manifest:
         """Parse and check a wire manifest; ValueError if it is malformed or its digest does not add up."""
         try:
             entries = tuple(Entry(str(n), str(d), str(t), tuple(int(x) for x in s), int(b), tuple(int(x) for x in k))
                             for n, d, t, s, b, k in msg["entries"])
             m = cls(int(msg["revision"]), entries, str(msg["objects"][0]), int(msg["objects"][1]),
                     str(msg["digest"]))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise ValueError(f"malformed manifest: {e!r}") from e
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise ValueError(f"malformed manifest: {err!r}") from err
         names = [e.name for e in entries]
         if names != sorted(set(names)):
             raise ValueError("malformed manifest: entry names are not sorted and unique")
@@ -182,16 +182,19 @@ class _Tensors(MutableMapping):
 class SharedState:
     """Named tensors (updated in place by the user), small picklable objects and a revision.
 
-    Contract: after each optimizer step the application calls `commit()` (revision += 1). While the
-    application waits for a new generation it does not touch the state, so a StateServer can serve it.
+    Contract: after each optimizer step the application calls `step.commit()` (revision += 1; the only way to
+    commit). While the application waits for a new generation it does not touch the state, so a StateServer can
+    serve it. The application's API is `tensors`, `objects`, `revision`, `shard()`, `digest()`,
+    `tensor_digests()`, `touch()` and `save_checkpoint()`; the methods whose names begin with `_` are the
+    protocol the runtime (pulls, local copies, checkpoints, votes) calls.
     """
 
-    def __init__(self, tensors: Mapping[str, Any] = (), objects: Mapping[str, Any] = (),
+    def __init__(self, tensors: Mapping[str, Any] | None = None, objects: Mapping[str, Any] | None = None,
                  revision: int = 0) -> None:
         self._cache: dict[str, _Cached] = {}
         self.tensors: MutableMapping[str, Any] = _Tensors(self._cache)
-        self.tensors.update(tensors)
-        self.objects: dict[str, Any] = dict(objects)
+        self.tensors.update(tensors or {})
+        self.objects: dict[str, Any] = dict(objects or {})
         self.revision = int(revision)
         self.sharded: dict[str, Any] = {}   # object id -> ShardedObject (held in part; not in the digest)
         self.hashed_bytes = 0   # bytes hashed so far: lets tests and benchmarks see the cache work
@@ -212,12 +215,12 @@ class SharedState:
         self.sharded[object_id] = obj
         return obj
 
-    def layout_text(self) -> str:
+    def _layout_text(self) -> str:
         """The declared sharded objects, as a vote carries them ("" when none)."""
         from p2pgen.core.ownership import layout_text
         return layout_text([o.partition for o in self.sharded.values()])
 
-    def shards_text(self) -> str:
+    def _shards_text(self) -> str:
         """The shards held and their digests, as a vote carries them ("" when none)."""
         from p2pgen.core.ownership import shards_text
         held: dict[tuple[str, int], str] = {}
@@ -225,8 +228,8 @@ class SharedState:
             held.update(obj.digests())
         return shards_text(held)
 
-    def commit(self) -> int:
-        """Record one committed step: revision += 1; returns the new revision."""
+    def _commit(self) -> int:
+        """Record one committed step (`Step.commit()` calls it): revision += 1; returns the new revision."""
         self.revision += 1
         return self.revision
 
@@ -248,9 +251,9 @@ class SharedState:
 
     def tensor_digests(self) -> dict[str, str]:
         """name -> digest, sorted by name."""
-        return {name: digest for name, (digest, _) in self.tensor_blocks().items()}
+        return {name: digest for name, (digest, _) in self._tensor_blocks().items()}
 
-    def tensor_blocks(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+    def _tensor_blocks(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """name -> (digest, block digests), sorted by name; a torch tensor's are cached (see above)."""
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
         for name in sorted(self.tensors):     # one at a time: a CUDA tensor's host copy lives only while hashed
@@ -268,24 +271,24 @@ class SharedState:
             out[name] = (digest, blocks)
         return out
 
-    def objects_digest(self) -> tuple[str, int]:
+    def _objects_digest(self) -> tuple[str, int]:
         """(digest, size) of the pickled objects."""
         raw = objects_bytes(self.objects)
         return xxhash.xxh3_128(raw).hexdigest(), len(raw)
 
     def digest(self) -> str:
         """The manifest digest (hex): content only, not the revision."""
-        return manifest_digest(self.tensor_digests(), self.objects_digest()[0])
+        return manifest_digest(self.tensor_digests(), self._objects_digest()[0])
 
-    def manifest(self) -> Manifest:
-        hashed = self.tensor_blocks()
+    def _manifest(self) -> Manifest:
+        hashed = self._tensor_blocks()
         digests = {name: d for name, (d, _) in hashed.items()}
-        obj_digest, obj_size = self.objects_digest()
+        obj_digest, obj_size = self._objects_digest()
         entries = tuple(Entry(n, d, tz.dtype_name(t), tz.shape(t), tz.nbytes(t), hashed[n][1])
                         for n, d, t in ((n, digests[n], self.tensors[n]) for n in digests))
         return Manifest(self.revision, entries, obj_digest, obj_size, manifest_digest(digests, obj_digest))
 
-    def holds(self, entry: Entry) -> bool:
+    def _holds(self, entry: Entry) -> bool:
         """Whether tensor `entry.name` holds exactly the bytes `entry` describes. Compares block by block
         and stops at the first that differs, so a tensor that differs early (a joiner's fresh one) costs
         one block, not a pass over all of it; a cached digest answers without hashing."""
@@ -305,11 +308,11 @@ class SharedState:
             self._cache[entry.name] = _Cached(key, entry.digest, entry.blocks)
         return True
 
-    def snapshot_bytes(self, name: str) -> Any:
+    def _snapshot_bytes(self, name: str) -> Any:
         """The bytes of tensor `name` as a 1-D uint8 numpy array (a view for contiguous CPU tensors)."""
         return tz.host_bytes(self.tensors[name])
 
-    def load_tensor(self, name: str, data: Any) -> None:
+    def _load_tensor(self, name: str, data: Any) -> None:
         """Copy verified bytes (1-D uint8) into tensor `name` in place; its digest is recomputed next time
         (or taken from `verified`).
 
@@ -319,7 +322,7 @@ class SharedState:
         self._cache.pop(name, None)
         tz.write_in_place(value, data)
 
-    def verified(self, name: str, blocks: tuple[int, ...]) -> None:
+    def _verified(self, name: str, blocks: tuple[int, ...]) -> None:
         """Tensor `name` holds bytes the caller verified against these block digests (a pull that wrote it,
         once the revision is applied): a torch tensor's digest is cached from them, so the next `digest()`
         hashes nothing; a numpy array has no change counter and is hashed again anyway."""
@@ -329,7 +332,7 @@ class SharedState:
             self._cache[name] = _Cached(key, digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks),
                                         tuple(blocks))
 
-    def load_objects(self, raw: bytes) -> None:
+    def _load_objects(self, raw: bytes) -> None:
         """Replace the objects with the unpickled `raw` (from an authenticated member only: it is pickle)."""
         self.objects = dict(pickle.loads(raw))
 

@@ -26,17 +26,18 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from p2pgen import faults
 from p2pgen.agent.client import AgentClient
 from p2pgen.errors import P2PGenError
+from p2pgen.progress import ENV as PROGRESS_ENV
+from p2pgen.progress import CommitLog, write_stop
 from p2pgen.raft import checker
 from p2pgen.stress import plan, verdict
-from p2pgen.stress.progress import ENV as PROGRESS_ENV
-from p2pgen.stress.progress import CommitLog, write_stop
 from p2pgen.testing.agents import AgentProc, Cluster, free_control_ports
 from p2pgen.testing.netns import EmulatedCluster
 
@@ -127,7 +128,8 @@ class Harness:
                     "P2PGEN_STEPS": str(10 ** 9), "P2PGEN_STEP_DELAY": str(config.step_delay)}
         self.commits = CommitLog(run_dir / "progress")
         self.slots: dict[str, Slot] = {}
-        self.free = [] if self.hosts else [f"127.0.0.1:{p}" for p in free_control_ports(config.agents + SPARE_ADDRESSES)]
+        self.free = [] if self.hosts else [f"127.0.0.1:{p}"
+                                           for p in free_control_ports(config.agents + SPARE_ADDRESSES)]
         self.voters: list[tuple[str, str]] | None = None     # (node, agent addr); None: nothing observed yet
         self.history: dict[tuple, dict[str, Any]] = {}       # (generation, raft index, time) -> history entry
         self._history_turn = 0

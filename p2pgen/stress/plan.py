@@ -126,7 +126,7 @@ class Draws:
     size: float
 
     @classmethod
-    def take(cls, rng: random.Random) -> "Draws":
+    def take(cls, rng: random.Random) -> Draws:
         return cls(rng.random(), rng.random(), rng.random(), rng.uniform(*PAUSE_S), rng.uniform(*KILL_TWO_GAP_S),
                    (rng.uniform(*REPLACE_TWO_AFTER_S), rng.uniform(*REPLACE_TWO_AFTER_S)), rng.random(),
                    rng.uniform(*HEAL_S), rng.random())

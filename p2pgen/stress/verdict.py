@@ -21,10 +21,11 @@ digests, the end was reached (`settled`), and every live member ended with the s
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from p2pgen.stress.progress import Commit
+from p2pgen.progress import Commit
 
 RECOVERY_LIMIT_S = 10.0
 

@@ -13,9 +13,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.client import AgentClient
@@ -110,7 +111,7 @@ class Cluster:
     # than 1 s now and then; a false suspicion there evicts a live member and turns a test's plan into churn.
     detect: tuple[str, ...] = ("--attach-grace=0", "--detector=fixed", "--detect-timeout=2.0", "--detect-floor=0.5",
                                "--heartbeat-interval=0.1")
-    hosts: "EmulatedCluster | None" = None     # created by the caller: agent i of `addresses()` runs in host i
+    hosts: EmulatedCluster | None = None     # created by the caller: agent i of `addresses()` runs in host i
 
     def __post_init__(self) -> None:
         self.secret_file = self.tmp / "secret"

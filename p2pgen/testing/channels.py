@@ -223,7 +223,7 @@ class Run:
         self.rx: Worker | None = None
         self.tx: Worker | None = None
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,7 +9,8 @@ thread is left blocked).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from p2pgen.collectives import TcpBackend
 from p2pgen.testing.ports import open_transport
@@ -30,7 +31,7 @@ class LocalCluster:
             self.close()
             raise
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -30,8 +30,9 @@ every member of a live group and returns the results in rank order (threads, pro
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import xxhash

@@ -28,7 +28,8 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class FakeNccl:
         return raw if self.cupy_major >= 14 else tuple(b - 256 if b > 127 else b for b in raw)
 
     # ---- test controls ----------------------------------------------------------------------------
-    def device(self, index: int = 0) -> "FakeDevice":
+    def device(self, index: int = 0) -> FakeDevice:
         return FakeDevice(self, index)
 
     def inject_async_error(self, rank: int, text: str) -> None:
@@ -106,7 +107,7 @@ class FakeNccl:
         return [c[0] for c in self.calls if rank is None or c[1] == rank]
 
     # ---- internals ----------------------------------------------------------------------------------
-    def _stream(self) -> "FakeStream":
+    def _stream(self) -> FakeStream:
         stream = FakeStream(next(self._ptrs))
         self._streams[stream.ptr] = stream
         return stream
@@ -179,7 +180,7 @@ class _World:
 
 
 class _Call:
-    def __init__(self, rank: int, args: tuple, done: threading.Event, comm: "_FakeComm") -> None:
+    def __init__(self, rank: int, args: tuple, done: threading.Event, comm: _FakeComm) -> None:
         self.rank, self.args, self.done, self.comm = rank, args, done, comm
 
 

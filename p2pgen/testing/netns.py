@@ -25,9 +25,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 NETNS_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -78,7 +78,7 @@ class Topology:
     links: dict[frozenset[str], int] = field(default_factory=dict)
 
     @classmethod
-    def uniform(cls, hosts: int, rate: int) -> "Topology":
+    def uniform(cls, hosts: int, rate: int) -> Topology:
         """Every link at `rate`: one zone holding every host."""
         return cls({"all": tuple(range(hosts))}, rate, rate)
 
@@ -308,7 +308,7 @@ class EmulatedCluster:
         self._blackholes: list[tuple[int, str]] = []
         self._down: set[int] = set()
 
-    def __enter__(self) -> "EmulatedCluster":
+    def __enter__(self) -> EmulatedCluster:
         self.create()
         return self
 

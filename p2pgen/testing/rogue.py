@@ -13,8 +13,7 @@ import socket
 import struct
 
 from p2pgen import auth
-from p2pgen.transport import FrameKind
-from p2pgen.transport import frame, handshake
+from p2pgen.transport import FrameKind, frame, handshake
 from p2pgen.transport.group import Endpoint
 from p2pgen.transport.seal import Seal
 
@@ -31,7 +30,7 @@ class RoguePeer:
         self.seal: Seal | None = None         # the connection's seal, once a sealed handshake passed
         self.sock: socket.socket | None = None
 
-    def dial(self, target: Endpoint, timeout: float = 5.0) -> "RoguePeer":
+    def dial(self, target: Endpoint, timeout: float = 5.0) -> RoguePeer:
         """Connect and run the real dialer handshake (raises what a real dialer would)."""
         self.sock = socket.create_connection((target.host, target.port), timeout=timeout)
         hello = handshake.Hello(self.job, self.generation, self.identity, target.identity, auth.new_nonce(),

@@ -76,9 +76,10 @@ failed raises and is discarded, never committed (I5).
 
 import importlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -89,8 +90,8 @@ from p2pgen.torch.ddp import DistributedDataParallel, adopt, allreduce_hook, ave
 from p2pgen.torch.diloco import DiLoCo, InnerBatch, OuterReport
 from p2pgen.torch.group import BACKEND, P2PGenProcessGroup, Work, bound_to, following, subgroup_of
 
-__all__ = ["BACKEND", "DiLoCo", "DistributedDataParallel", "InnerBatch", "OuterReport", "P2PGenProcessGroup", "Work", "adopt", "allreduce_hook",
-           "average_hook", "default_group",
+__all__ = ["BACKEND", "DiLoCo", "DistributedDataParallel", "InnerBatch", "OuterReport", "P2PGenProcessGroup", "Work",
+           "adopt", "allreduce_hook", "average_hook", "default_group",
            "generation_group", "generation_mesh", "init_process_group", "monitored_barrier", "peer", "shared_tensors",
            "unwrap_errors"]
 
@@ -156,7 +157,7 @@ def peer(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
                            'dist.init_process_group("p2pgen") (the fixed-membership backend has no Peer): run the '
                            "script under `p2pgen join --local 2 -- python SCRIPT`")
     if model is not None or optimizer is not None:
-        if the_peer.stats["generations"] or the_peer.backend is not None:
+        if the_peer.stats["generations"] or the_peer._backend is not None:
             raise RuntimeError("p2pgen.torch.peer(model, optimizer) after the first step: the members' states "
                                "would differ; share the model and optimizer before `for step in peer.steps()`")
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -197,7 +198,8 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer, group: dict[str, Any], 
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     if not state and not sgd:
         raise ValueError(f"{type(optimizer).__name__} holds no state for {name} yet: torch creates it in the "
-                         "first optimizer step; only SGD's (without dampening) is created here. Share after a first step taken the "
+                         "first optimizer step; only SGD's (without dampening) is created here. Share after a "
+                         "first step taken the "
                          "same way on every member, or share the model alone and rebuild the optimizer")
     out = {}
     for key, value in state.items():
@@ -252,7 +254,7 @@ def _agent_env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), 
     Where neither an agent nor torch's variables are there, torch's error says what to do about both."""
     if os.environ.get("P2PGEN_AGENT") and "MASTER_ADDR" not in os.environ:
         peer = current_peer()
-        step = peer.current_step if peer is not None else None
+        step = peer._current_step if peer is not None else None
         yield (dist.HashStore(), step.rank, step.world) if step is not None else (dist.HashStore(), 0, 1)
         raise RuntimeError("p2pgen's agent rendezvous yields once")
     try:

@@ -8,7 +8,8 @@ raises (through `unwrap_errors` inside DDP's backward) and is discarded, never c
 
 # No `from __future__ import annotations` here: DDP checks a comm hook's annotations against the real types.
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

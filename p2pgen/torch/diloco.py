@@ -37,6 +37,7 @@ import torch
 from p2pgen.collectives.compress import ErrorFeedback, check_compression
 from p2pgen.core.outer import NOT_STARTED, OuterPlan, Round, held_for, offer, plan_outer_step
 
+
 @dataclass(frozen=True)
 class InnerBatch:
     """Which data an inner step takes: inner step `index` of the round for outer step `revision`, as member
@@ -300,9 +301,9 @@ class DiLoCo:
 
 
 def _trace(step: Any, event: str, **fields: Any) -> None:
-    trace = getattr(getattr(step, "peer", None), "trace", None)
-    if trace is not None:
-        trace.record(event, **fields)
+    record = getattr(step, "record", None)          # a Step records into the peer's trace; a stand-in may not
+    if record is not None:
+        record(event, **fields)
 
 
 def _round_fields(held: Round) -> tuple[int, int, int, int]:

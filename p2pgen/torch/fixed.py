@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from p2pgen.auth import read_secret_file
 from p2pgen.collectives.staged import HostStagedBackend

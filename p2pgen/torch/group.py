@@ -25,8 +25,9 @@ raises the p2pgen error itself (GenerationChanged / PeerLost); arguments are che
 import os
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,14 +54,14 @@ class StepComm:
 
     @property
     def backend(self) -> Backend:
-        backend = self.step.peer.backend
+        backend = self.step.peer._backend
         if backend is None or backend.generation != self.generation:
             raise GenerationChanged(f"generation {self.generation} of this step was retired")
         return backend
 
     @property
     def reductions(self) -> Any:
-        return self.step.peer.backend.reductions if self.step.peer.backend is not None else None
+        return self.step.peer._backend.reductions if self.step.peer._backend is not None else None
 
     def all_reduce(self, buf: Any, op: str = "sum") -> Any:
         return self.step.all_reduce(buf, op=op)
@@ -152,7 +153,7 @@ def following(source: Any) -> Resolve:
     before the first generation)."""
     if isinstance(source, Peer):
         def comm() -> Any:
-            step = source.current_step
+            step = source._current_step
             if step is not None:
                 return StepComm(step)
             return ALONE if source.stats["generations"] == 0 else None

@@ -19,7 +19,8 @@ shapes (an all_reduce of the concatenation) are built the same way.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -241,7 +242,8 @@ def _gather_one(comm: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> l
 def all_gather_into_tensor(comm: Any, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Run:
     """`outputs[i]` (world x inputs[i] elements) receives every rank's inputs[i] in rank order. One pair goes
     straight to the backend (an input may alias its output, as FSDP2's does); several go through scratch."""
-    outputs, inputs = tensors_of(outputs, "all_gather_into_tensor output"), tensors_of(inputs, "all_gather_into_tensor input")
+    outputs = tensors_of(outputs, "all_gather_into_tensor output")
+    inputs = tensors_of(inputs, "all_gather_into_tensor input")
     _count(len(outputs), len(inputs), "all_gather_into_tensor", "outputs (one per input)")
     for out, inp in zip(outputs, inputs):
         _same_dtype([out], inp, "all_gather_into_tensor")
@@ -398,7 +400,8 @@ def gather(comm: Any, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Se
     return run
 
 
-def scatter(comm: Any, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]], root: int) -> Run:
+def scatter(comm: Any, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]],
+            root: int) -> Run:
     """Every rank's output receives the root's input for that rank (an all_to_all from the root)."""
     (out,) = tensors_of(outputs, "scatter output")
     root, n = _rank(root, comm, "scatter root"), out.numel()

@@ -29,7 +29,7 @@ import select
 import socket
 import struct
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import xxhash

@@ -6,8 +6,8 @@ order; rank numbers are positions in that list and mean nothing outside this gen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

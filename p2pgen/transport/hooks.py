@@ -12,8 +12,8 @@ logic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 COLLECTIVE, STATE, SHARD = "collective", "state", "shard"    # the planes: collectives, state pulls, shard pulls
 

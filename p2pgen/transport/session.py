@@ -17,8 +17,9 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from p2pgen import auth, faults
 from p2pgen.errors import GenerationChanged, P2PGenError, PeerLost
@@ -45,7 +46,7 @@ class Owner(Protocol):
 
     def new_socket(self) -> socket.socket: ...
 
-    def retire(self, session: "Session") -> None: ...
+    def retire(self, session: Session) -> None: ...
 
 
 class Session:

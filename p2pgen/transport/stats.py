@@ -46,7 +46,7 @@ class WireCounters:
     (`WireCounters(parent)`) adds every count to its parent too. Headers (`frame.HEADER_BYTES` each) and seal
     tags are not in the bytes: they are frames times a constant."""
 
-    def __init__(self, parent: "WireCounters | None" = None) -> None:
+    def __init__(self, parent: WireCounters | None = None) -> None:
         self._lock = threading.Lock()
         self._parent = parent
         self._counts = dict.fromkeys(WIRE_KEYS, 0)

@@ -4,7 +4,7 @@ this agent's secret is fatal only when no agent of the job answers at all."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -50,7 +50,8 @@ def test_refusals_of_the_agents_listeners_are_shown_by_reason_only_when_there_ar
     m = machine_with_lost_state()
     quiet = {**AGENT, "refusals": {"rpc": {"auth_failed": 0}, "heartbeat": {"forged": 0}}}
     assert "refused:" not in format_show({"state": state_json(m), "raft": RAFT, "agent": quiet})
-    noisy = {**AGENT, "refusals": {"rpc": {"auth_failed": 1, "truncated": 0}, "heartbeat": {"replayed": 2, "forged": 3}}}
+    noisy = {**AGENT, "refusals": {"rpc": {"auth_failed": 1, "truncated": 0},
+                                   "heartbeat": {"replayed": 2, "forged": 3}}}
     text = format_show({"state": state_json(m), "raft": RAFT, "agent": noisy})
     assert "refused:    heartbeat forged=3 replayed=2; rpc auth_failed=1" in text
 

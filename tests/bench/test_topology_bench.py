@@ -52,7 +52,8 @@ def test_the_report_gives_the_matrix_the_orders_and_the_ratios():
     text = topology.format_report(result, "test")
     assert "#   h0          -      190     9000      190" in text
     assert "# topology order: h0 h2 h1 h3 (measured:" in text
-    assert text.splitlines()[-2].split()[-6:] == ["1.00", "(0.90..1.10)", "2.50", "(2.20..2.80)", "1.25", "(1.20..1.30)"]
+    assert text.splitlines()[-2].split()[-6:] == ["1.00", "(0.90..1.10)", "2.50", "(2.20..2.80)", "1.25",
+                                                  "(1.20..1.30)"]
     assert json.loads(topology.to_json(result))["order"] == [0, 2, 1, 3]
 
 

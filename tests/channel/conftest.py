@@ -51,7 +51,7 @@ class Rig:
         return ch
 
     def rogue(self, incarnation: int = 1, generation: int = 0, mode: str = "exactly_once",
-              encrypt: bool = False) -> "Rogue":
+              encrypt: bool = False) -> Rogue:
         r = Rogue(self.endpoint(), incarnation, generation, mode, encrypt)
         self.closers.insert(0, r.sock.close)
         return r

@@ -61,7 +61,7 @@ def test_arrays_keep_dtype_and_shape(rig):
 
 def test_window_bounds_what_the_sender_holds(rig):
     ch = rig.channel()
-    for i in range(32):
+    for _ in range(32):
         ch.send(b"x")
     with pytest.raises(TimeoutError):
         ch.send(b"x", timeout=0.3)        # nothing consumed: exactly_once completion never came
@@ -160,17 +160,17 @@ def test_restarted_sender_skips_numbers_the_log_holds(rig):
 
 
 def test_old_generation_dialer_is_refused(rig):
-    rig.channel(incarnation=1, generation=5).resume_seq
+    _ = rig.channel(incarnation=1, generation=5).resume_seq
     stale = rig.channel(incarnation=1, generation=3, config=ChannelConfig(connect_timeout=0.5))
     with pytest.raises(PeerLost):
-        stale.resume_seq
+        _ = stale.resume_seq
     assert rig.listener.stats()["stale_generation"] >= 1
 
 
 def test_wrong_secret_never_connects(rig):
     ch = rig.channel(secret=b"not-the-secret-0123456789abcdef!", config=ChannelConfig(connect_timeout=0.5))
     with pytest.raises(PeerLost):
-        ch.resume_seq
+        _ = ch.resume_seq
     assert rig.listener.stats()["auth_failed"] >= 1
 
 

@@ -1,6 +1,7 @@
 """The fault kinds added for whole-host churn (issue 12, item 8) and the Raft checker beside the semantic one.
 
-Unit level: the generated matrix injects both new kinds; the report carries the Raft checker's counts. Integration: one schedule of the two new kinds under the
+Unit level: the generated matrix injects both new kinds; the report carries the Raft checker's counts.
+Integration: one schedule of the two new kinds under the
 certified policy on real agents must pass both checkers.
 """
 

@@ -43,7 +43,7 @@ def test_abort_wakes_inflight_all_reduce_and_leaves_buffers_unchanged():
         assert all(t.is_alive() for t, _ in calls)
         start = time.monotonic()
         verdicts = [b.abort("generation 8 proposed") for b in backends]
-        for t, box in calls:
+        for t, _box in calls:
             t.join(5)
             assert not t.is_alive()
         # Rank 0 aborts first and sees its own reason; rank 1 may see rank 0 hang up before its own abort.

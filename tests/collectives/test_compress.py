@@ -15,7 +15,6 @@ from p2pgen.collectives.compress import COMPRESSIONS, check_compression, compres
 from p2pgen.errors import GenerationChanged, PeerLost
 from p2pgen.testing.cluster import LocalCluster
 from p2pgen.transport import hooks
-
 from tests.collectives.conftest import SMALL_FRAMES
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,6 @@ import pytest
 from p2pgen.collectives import Backend, shm
 from p2pgen.testing import conformance
 from p2pgen.testing.cluster import LocalCluster
-
 from tests.collectives.conftest import SMALL_FRAMES
 
 

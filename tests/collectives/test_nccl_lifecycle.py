@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from p2pgen.collectives.nccl import NcclBackend, State, Lifecycle, new_comm_id, verdict
-from p2pgen.collectives.nccl_buffers import describe, nccl_dtype, nccl_op, version_text, wire
 from p2pgen.collectives.backend import ReduceOp
+from p2pgen.collectives.nccl import Lifecycle, NcclBackend, State, new_comm_id, verdict
+from p2pgen.collectives.nccl_buffers import describe, nccl_dtype, nccl_op, version_text, wire
 from p2pgen.errors import GenerationChanged, PeerLost
 from p2pgen.testing.fake_nccl import FakeClock, FakeNccl, FakeNcclGroup, wait_until
 

@@ -13,9 +13,9 @@ import pytest
 from p2pgen.collectives import nccl_id, nccl_lib
 from p2pgen.collectives.nccl import NcclBackend
 from p2pgen.collectives.select import backend_factory, offer_comm_id
+from p2pgen.collectives.staged import HostStagedBackend
 from p2pgen.core import Frontier, Member
 from p2pgen.core.view import ActiveGeneration, PendingGeneration
-from p2pgen.collectives.staged import HostStagedBackend
 from p2pgen.testing.cluster import LocalCluster
 from p2pgen.testing.fake_nccl import FakeNccl
 

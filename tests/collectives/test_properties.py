@@ -28,7 +28,7 @@ def cases(draw):
     if size == "frames":
         shape = (draw(st.integers(0, 5000)),)   # spans several 4 KiB frames
     elif size == "shm":
-        shape = (draw(st.integers(40_000, 70_000)),)   # around shm.MIN_BYTES (world 2's threshold) for every element size
+        shape = (draw(st.integers(40_000, 70_000)),)   # around shm.MIN_BYTES (world 2's threshold), any element size
     torch = dtype == "bfloat16" or draw(st.booleans())
     case = conformance.Case(collective, shape, dtype, op, root=draw(st.integers(0, 4)),
                             seed=draw(st.integers(0, 2**32 - 1)), torch=torch, layout=layout)

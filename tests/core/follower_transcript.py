@@ -32,14 +32,31 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from transcript import Directive, Interpreter, format_transcript, run_transcript
+
 from p2pgen.core import Fallback, LogPosition, Ready, Reform, Synced
 from p2pgen.core.follower import (
-    CERTIFIED, Action, Activate, AskFallback, AskReform, Exit, Fetch, FetchShards, Follower, FollowerPolicy, Local,
-    NoteHold, ReportSynced, Retire, RunStep, Stop, Vote, Wait,
+    CERTIFIED,
+    Action,
+    Activate,
+    AskFallback,
+    AskReform,
+    Exit,
+    Fetch,
+    FetchShards,
+    Follower,
+    FollowerPolicy,
+    Local,
+    NoteHold,
+    ReportSynced,
+    Retire,
+    RunStep,
+    Stop,
+    Vote,
+    Wait,
 )
 from p2pgen.core.render import render_hold, render_outcome, render_pull, state_json
 from p2pgen.core.view import JobView
-from transcript import Directive, Interpreter, format_transcript, run_transcript
 
 RESULT = {True: "done", False: "refused", None: "later"}
 POLICIES = {"certified": CERTIFIED, "comm-only": FollowerPolicy(report_state=False),

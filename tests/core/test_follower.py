@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from follower_transcript import format_transcript, run_follower_transcript
 
 TESTDATA = Path(__file__).parent / "testdata" / "follower"

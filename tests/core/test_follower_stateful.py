@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 
+from follower_transcript import FollowerInterpreter, Member
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-from follower_transcript import FollowerInterpreter, Member
 
 PEERS = ("a", "b", "c", "d")
 SETTLE_ROUNDS = 40
@@ -131,7 +130,8 @@ class FollowerJob(RuleBasedStateMachine):
         for generation in sorted(running):
             cert = self.certificate(generation)
             group = [self.live().get(x.peer_id) for x in cert.members]
-            healthy = all(m is not None and m.follower.identity == (x.peer_id, x.incarnation) and m.running == generation
+            healthy = all(m is not None and m.follower.identity == (x.peer_id, x.incarnation)
+                          and m.running == generation
                           and not m.failed for m, x in zip(group, cert.members))
             if not healthy:
                 for peer, m in self.live().items():
@@ -190,7 +190,7 @@ class FollowerJob(RuleBasedStateMachine):
         dead = {(t.peer_id, t.incarnation) for t in self.job.machine.tombstones}
         for m in self.live().values():
             if m.follower.identity in dead and m.running is not None:
-                assert m.running < max((h.generation for h in self.job.machine.history if h.outcome == "activated"))
+                assert m.running < max(h.generation for h in self.job.machine.history if h.outcome == "activated")
 
     def teardown(self) -> None:
         """No more faults: the job must settle with every live member in the active generation."""

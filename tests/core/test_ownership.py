@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pgen.core.ownership import (
-    Partition, bytes_to_reach, layout_text, naive_ownership, parse_layout, parse_shards, plan_ownership, shards_text,
+    Partition,
+    bytes_to_reach,
+    layout_text,
+    naive_ownership,
+    parse_layout,
+    parse_shards,
+    plan_ownership,
+    shards_text,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,7 +47,7 @@ def scenarios(draw):
 def test_every_shard_has_min_r_world_live_owners(case):
     members, old, sizes, r = case
     plan = plan_ownership(members, old, sizes, r)
-    for key, owners in plan.owners:
+    for _key, owners in plan.owners:
         assert len(owners) == len(set(owners)) == min(r, len(members))
         assert set(owners) <= set(members)
     assert {k for k, _ in plan.owners} == set(sizes)
@@ -151,7 +158,7 @@ def test_balance_lifts_every_member_near_the_fair_share_and_copies_only_from_hol
     fair = sum(load.values()) / len(members)
     largest = max(sizes.values())
     assert min(load.get(m, 0) for m in members) >= fair - slack * largest
-    for key, owners in plan.owners:
+    for _key, owners in plan.owners:
         assert len(owners) == len(set(owners)) == min(r, len(members))
     survivors = {key: set(old.get(key, ())) & set(members) for key in sizes}
     for mv in plan.moves:

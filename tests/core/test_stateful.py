@@ -46,9 +46,32 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from p2pgen.core import (
-    DEFAULT_REGRESS_WAIT, ActivationHeld, Activated, CheckpointRef, Configure, Election, Fallback, Frontier,
-    FrontierElected, GenerationMachine, Leave, Links, LogPosition, Member, MemberEvicted, ProposalAbandoned,
-    ProposalOpened, Pull, Ready, ReadyVote, Reform, Register, RestartRequired, Suspect, Synced, elect_frontier,
+    DEFAULT_REGRESS_WAIT,
+    Activated,
+    ActivationHeld,
+    CheckpointRef,
+    Configure,
+    Election,
+    Fallback,
+    Frontier,
+    FrontierElected,
+    GenerationMachine,
+    Leave,
+    Links,
+    LogPosition,
+    Member,
+    MemberEvicted,
+    ProposalAbandoned,
+    ProposalOpened,
+    Pull,
+    Ready,
+    ReadyVote,
+    Reform,
+    Register,
+    RestartRequired,
+    Suspect,
+    Synced,
+    elect_frontier,
 )
 from p2pgen.core.generation import HISTORY_LIMIT
 from p2pgen.core.render import render_state, state_json
@@ -129,7 +152,8 @@ def fingerprint(m: GenerationMachine) -> tuple:
         pending = (p.generation, p.parent, p.members, p.reason, p.opened_at, sorted(p.votes.items()),
                    p.election, sorted(p.synced), p.hold)
     # the history is compared as values (frozen dataclasses); its JSON form is slow to build every step
-    return (render_state(m), json.dumps(state_json(m), sort_keys=True), tuple(m.members), m.active, pending, m.last_generation, sorted(m.last_incarnation.items()),
+    return (render_state(m), json.dumps(state_json(m), sort_keys=True), tuple(m.members), m.active, pending,
+            m.last_generation, sorted(m.last_incarnation.items()),
             m.ownership_version, m.min_members, tuple(m.tombstones), tuple(m.history), m.regress_wait,
             m.allow_fresh_start, m.instance, m.state_epoch, m.forks, m.hold_since)
 
@@ -286,7 +310,8 @@ class GenerationProtocol(RuleBasedStateMachine):
                 naive = self.naive_election(g)
                 awaited = self.awaited_note(g, naive.frontier.revision, at)
                 if awaited is not None:
-                    event(f"held for a lost last member's steps ({'below' if naive.regressed_from is not None else 'at'}"
+                    event("held for a lost last member's steps "
+                          f"({'below' if naive.regressed_from is not None else 'at'}"
                           " the certified revision)")
                     revision, _, _, noted_at = awaited
                     assert effect.hold.best == naive.frontier and effect.hold.certified == revision
@@ -325,7 +350,8 @@ class GenerationProtocol(RuleBasedStateMachine):
         time `at`: its peer not voting, at or above the frontier, not left behind by a later resumption,
         noted less than regress_wait ago; None if there is none."""
         voting = {m.peer_id for m in self.proposed[g]}
-        waiting = [(revision, peer, inc, noted_at) for peer, (inc, revision, lineage, noted_at) in self.kept_notes.items()
+        waiting = [(revision, peer, inc, noted_at)
+                   for peer, (inc, revision, lineage, noted_at) in self.kept_notes.items()
                    if peer not in voting and revision >= frontier and at < noted_at + self.regress_wait
                    and not any(g2 > lineage and f < revision for g2, f in self.resumes)]
         return max(waiting, key=lambda w: (w[0], w[1]), default=None)
@@ -387,7 +413,8 @@ class GenerationProtocol(RuleBasedStateMachine):
             assert cert.regressed_from is None and cert.state_epoch == epoch
         assert cert.frontier_source == election.source
         self.missing_since = None
-        self.resumes.append((g, cert.frontier.revision))   # later votes of states above it, from before it, hold nothing
+        # later votes of states above it, from before it, hold nothing
+        self.resumes.append((g, cert.frontier.revision))
         # rank map: the topology order of the members in admission order; so, while nothing is known of the
         # links, survivors keep their relative order and joiners follow in admission order
         before = parent.members if parent else ()
@@ -462,7 +489,8 @@ class GenerationProtocol(RuleBasedStateMachine):
         current = 1 + len(self.forks)
         epochs = (0, current) if on_branch else (0, current, current - 1, current + 1)
         fields = {"epoch": data.draw(st.sampled_from(epochs)),
-                  "lineage": data.draw(st.sampled_from((0, self.m.active_generation, max(0, self.m.active_generation - 2))))}
+                  "lineage": data.draw(st.sampled_from((0, self.m.active_generation,
+                                                        max(0, self.m.active_generation - 2))))}
         if data.draw(st.integers(0, 3)) == 0:
             ckpt = max(0, base + data.draw(st.integers(-2, 2)))
             fields.update(ckpt_revision=ckpt, ckpt_digest=data.draw(st.sampled_from((f"c{ckpt}", f"c{ckpt}", "k"))),
@@ -512,7 +540,8 @@ class GenerationProtocol(RuleBasedStateMachine):
         same = member is not None and data.draw(st.booleans())
         addrs, zone = (member.addrs, member.zone) if same else ((), "")
         outcome = self.send(Register(peer, inc, addrs, zone=zone))
-        is_replay = member is not None and member.identity == (peer, inc) and (member.addrs, member.zone) == (addrs, zone)
+        is_replay = (member is not None and member.identity == (peer, inc)
+                     and (member.addrs, member.zone) == (addrs, zone))
         assert outcome.ok == is_replay, outcome.reason
 
     @rule(source=st.sampled_from(PEERS), data=st.data())

@@ -66,7 +66,8 @@ def test_a_leaver_alone_with_the_state_hands_it_over_to_a_member_registered_or_o
     m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 4))
     m.apply(Ready(m.pending.generation, "b", 1, "proved", 5, "d5", at=1.0), LogPosition(1, 5))
     assert not hand_over_due(m, ("a", 1), now=2.0)                 # b holds the state too
-    m.apply(Suspect("b", "b", 1, "application died", kept_revision=5, kept_digest="d5", kept_lineage=m.active.generation,
+    m.apply(Suspect("b", "b", 1, "application died", kept_revision=5, kept_digest="d5",
+                    kept_lineage=m.active.generation,
                     at=3.0), LogPosition(1, 6))
     m.apply(Ready(m.pending.generation, "a", 1, "proved", 5, "d5", at=3.0), LogPosition(1, 7))
     assert [x.identity for x in m.active.members] == [("a", 1)] and not [x for x in m.members if x.peer_id == "b"]

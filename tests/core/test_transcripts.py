@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 
 import pytest
+from transcript import format_transcript, run_transcript
 
 from p2pgen.core import GenerationMachine
 from p2pgen.core.render import history_json, render_state, state_json
-from transcript import format_transcript, run_transcript
 
 TESTDATA = Path(__file__).parent / "testdata"
 FILES = sorted(TESTDATA.glob("*.txt"))

@@ -27,7 +27,8 @@ Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one in
     kept PEER INC r=REV digest=D lineage=G            (the local copy a dead incarnation left)
 
 Every command also takes `at=T` (the command's time; it holds for later commands until the next `at=`,
-starting at 0) and `term=T` / `index=I` (its Raft log position). The interpreter numbers commands like a log: each applied command gets the next index, in the
+starting at 0) and `term=T` / `index=I` (its Raft log position). The interpreter numbers commands like a log:
+each applied command gets the next index, in the
 current term (starting at 1). `term=` changes the current term from then on; `index=` sets the index
 (later commands continue after it). Certificates show both.
 
@@ -60,12 +61,31 @@ import shlex
 from dataclasses import dataclass, field
 
 from p2pgen.core import (
-    DEFAULT_REGRESS_WAIT, Certificate, Configure, Fallback, GenerationMachine, Kept, Leave, LogPosition, Ready,
-    Links, Reform, Register, Suspect, Synced,
+    DEFAULT_REGRESS_WAIT,
+    Certificate,
+    Configure,
+    Fallback,
+    GenerationMachine,
+    Kept,
+    Leave,
+    Links,
+    LogPosition,
+    Ready,
+    Reform,
+    Register,
+    Suspect,
+    Synced,
 )
 from p2pgen.core.render import (
-    history_json, member_list, render_outcome, render_ownership, render_pull, render_shard_pull, render_state,
-    render_topology, state_json,
+    history_json,
+    member_list,
+    render_outcome,
+    render_ownership,
+    render_pull,
+    render_shard_pull,
+    render_state,
+    render_topology,
+    state_json,
 )
 
 SEPARATOR = "----"
@@ -308,7 +328,8 @@ def render_certificate(cert: Certificate) -> list[str]:
              for r in cert.objects] if cert.ownership else []),
         "divergence: " + (" ".join(f"{p}:{d or '-'}" for p, d in cert.divergence) or "none"),
         f"regressed_from: {'none' if cert.regressed_from is None else f'r{cert.regressed_from}'}",
-        f"state: epoch {cert.state_epoch}, from {cert.frontier_source}" + (f"; {cert.recovery}" if cert.recovery else ""),
+        f"state: epoch {cert.state_epoch}, from {cert.frontier_source}"
+        + (f"; {cert.recovery}" if cert.recovery else ""),
         f"collective_seq_frontier: {cert.collective_seq_frontier}",
         f"proposed_at: {cert.proposed_at:g} activated_at: {cert.activated_at:g}",
         f"raft: term {cert.raft_term} index {cert.raft_index}",

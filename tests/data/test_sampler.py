@@ -55,9 +55,9 @@ def test_the_position_is_a_function_of_the_committed_revision():
     s = ElasticSampler(state, 10, 4, seed=1)
     first = s.indices_for(0, 0, 1)
     assert s.position() == (0, 0) and np.array_equal(s.indices_for(0, 0, 1), first)   # a redo: same indices
-    state.commit()
-    state.commit()
-    state.commit()
+    state._commit()
+    state._commit()
+    state._commit()
     assert s.position() == (1, 2)                              # 12 samples: one epoch of 10, then 2
     assert set(state.objects[STATE_KEY]) == {"seed", "dataset_len", "global_batch", "base_revision",
                                              "base_position"}
@@ -71,7 +71,7 @@ def test_a_new_global_batch_starts_where_the_old_one_stopped():
         if r == 4:
             s.set_global_batch(7)
         seen += s.indices_for(r, 0, 1).tolist()
-        state.commit()
+        state._commit()
     assert sorted(seen[:30]) == list(range(30)) and len(seen) == 4 * 4 + 5 * 7
 
 
@@ -79,8 +79,8 @@ def test_members_with_one_record_agree_and_a_pulled_record_replaces_a_fresh_one(
     a, b = SharedState(), SharedState()
     sa, sb = ElasticSampler(a, 50, 10, seed=5), ElasticSampler(b, 50, 10, seed=5)
     for _ in range(7):
-        a.commit()
-    b.load_objects(objects_bytes(a.objects))                  # what a pull moves
+        a._commit()
+    b._load_objects(objects_bytes(a.objects))                  # what a pull moves
     b.revision = a.revision
     assert np.array_equal(sa.indices_for(7, 1, 3), sb.indices_for(7, 1, 3))
     assert a.digest() == b.digest()

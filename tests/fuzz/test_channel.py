@@ -16,7 +16,8 @@ import socket
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen import auth
 from p2pgen.channel import Channel, ChannelConfig, ChannelListener, Endpoint

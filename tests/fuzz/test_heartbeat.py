@@ -15,7 +15,8 @@ import socket
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen.agent.heartbeat import MAX_PACKET, REASONS, Announcement, HeartbeatRunner
 from p2pgen.auth import derive_key, prove

@@ -12,7 +12,8 @@ import socket
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen.agent.rpc import HEADER, MAX_FRAME, REASONS, RpcClient, RpcServer, recv_frame, send_frame
 from p2pgen.auth import derive_key, new_nonce, prove

@@ -15,13 +15,13 @@ import struct
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen import auth
 from p2pgen.core.model import Frontier
 from p2pgen.errors import P2PGenError
-from p2pgen.state import PullConfig, ServerConfig, SharedState, Source, StateServer, pull_state
-from p2pgen.state import wire
+from p2pgen.state import PullConfig, ServerConfig, SharedState, Source, StateServer, pull_state, wire
 from p2pgen.transport import handshake
 from tests.fuzz.conftest import FUZZ, bind_free_port, raw_connect, send_and_close, total, wait_until
 
@@ -57,7 +57,7 @@ class Rig:
         report = pull_state(mine, job=JOB, secret=SECRET, me=JOINER, generation=GEN,
                             frontier=Frontier(self.manifest.revision, self.manifest.digest),
                             sources=[Source(*ME, "127.0.0.1", self.server.port)], config=PULL, progress=False)
-        assert mine.manifest().digest == self.manifest.digest, report
+        assert mine._manifest().digest == self.manifest.digest, report
 
     def refused(self) -> int:
         return total(self.server.stats())

@@ -19,7 +19,8 @@ import time
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen import auth
 from p2pgen.collectives import TcpBackend

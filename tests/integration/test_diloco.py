@@ -47,7 +47,8 @@ def test_outer_revisions_equal_the_serial_history_across_kills_and_joins(cluster
     for d in dirs.values():
         d.mkdir()
     env = {"DILOCO_STEPS": STEPS, "DILOCO_MARKERS": dirs["markers"], "P2PGEN_SUMMARY_DIR": dirs["summaries"],
-           "P2PGEN_TRACE_DIR": dirs["traces"], "DILOCO_INNER_DELAY": 0.04, "DILOCO_FAULTS": "p1:inner:4,p2:after_allreduce:9",
+           "P2PGEN_TRACE_DIR": dirs["traces"], "DILOCO_INNER_DELAY": 0.04,
+           "DILOCO_FAULTS": "p1:inner:4,p2:after_allreduce:9",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))

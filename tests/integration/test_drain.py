@@ -13,7 +13,7 @@ import glob
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -50,9 +50,9 @@ def test_a_notice_drains_a_member_at_a_step_boundary(cluster, run_env, monkeypat
         cluster.wait_until(lambda: committed(run_env["traces"]) >= 20, 90, "20 steps committed")
         assert endpoint.hits > 0 and not notice_file.exists()
 
-        goes_at = datetime.fromtimestamp(time.time() + 60, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        goes_at = datetime.fromtimestamp(time.time() + 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         endpoint.answer = (200, json.dumps({"action": "terminate", "time": goes_at}), 0.0)
-        for peer, addr in (("p2", addrs[2]), ("p1", addrs[1])):
+        for peer, _addr in (("p2", addrs[2]), ("p1", addrs[1])):
             if peer == "p1":
                 notice_file.write_text("")                             # "soon": the drain's own timeout
             agent = cluster.agents[peer]

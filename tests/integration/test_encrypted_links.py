@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from p2pgen.channel import Channel, ChannelConfig
-from p2pgen.collectives import TcpBackend
-from p2pgen.collectives import shm
+from p2pgen.collectives import TcpBackend, shm
 from p2pgen.core.model import Frontier
 from p2pgen.errors import EncryptionMismatch, PeerLost, ProtocolError
 from p2pgen.state import PullConfig, ServerConfig, StateSyncError, pull_state
 from p2pgen.testing.ports import open_transport
 from p2pgen.transport import Endpoint, Group, TransportConfig
-from tests.channel.conftest import JOB as CHANNEL_JOB, SECRET as CHANNEL_SECRET, open_listener
+from tests.channel.conftest import JOB as CHANNEL_JOB
+from tests.channel.conftest import SECRET as CHANNEL_SECRET
+from tests.channel.conftest import open_listener
 from tests.state.helpers import JOB, SECRET, make_state, open_server, source_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,7 +161,8 @@ def test_a_joiner_pulls_the_state_and_a_channel_carries_messages_sealed(tmp_path
                                 config=PullConfig(chunk_bytes=64 << 10, encrypt=True), progress=False)
         assert dst.digest() == src.digest() and "layer1.weight" in report.tensors_fetched
         assert not any(report.refusals.values()) and not any(server.stats().values())
-        channel = Channel(CHANNEL_JOB, CHANNEL_SECRET, ("prefill", 1), Endpoint("decode", 1, listener.host, listener.port),
+        channel = Channel(CHANNEL_JOB, CHANNEL_SECRET, ("prefill", 1),
+                          Endpoint("decode", 1, listener.host, listener.port),
                           config=ChannelConfig(encrypt=True, connect_timeout=3.0))
         for i in range(3):
             channel.send(np.full(1000, i, np.int32))
@@ -204,7 +206,7 @@ def test_a_member_without_encrypt_is_refused_on_every_plane(ring, tmp_path):
                       config=ChannelConfig(encrypt=True, connect_timeout=1.0))
     try:
         with pytest.raises(EncryptionMismatch, match="restart decode with --encrypt"):
-            channel.resume_seq
+            _ = channel.resume_seq
         assert listener.stats()["encryption_mismatch"] >= 1
     finally:
         channel.close()

@@ -36,7 +36,8 @@ def test_recover_re_forms_a_job_that_lost_its_majority_for_good(cluster, tmp_pat
     for key, value in (("EXACT_MARKERS", dirs["markers"]), ("EXACT_STEP_DELAY", "0.04"), ("EXACT_STEPS", STEPS),
                        ("P2PGEN_SUMMARY_DIR", dirs["summaries"]), ("P2PGEN_TRACE_DIR", dirs["traces"])):
         monkeypatch.setenv(key, str(value))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
     addrs = [f"127.0.0.1:{p}" for p in free_control_ports(5)]
     peers = [f"p{i}" for i in range(5)]
     for peer, addr in zip(peers, addrs):

@@ -38,7 +38,8 @@ def run_env(tmp_path, monkeypatch):
     monkeypatch.setenv("EXACT_STEP_DELAY", "0.05")
     monkeypatch.setenv("P2PGEN_SUMMARY_DIR", str(dirs["summaries"]))
     monkeypatch.setenv("P2PGEN_TRACE_DIR", str(dirs["traces"]))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
     return dirs
 
 
@@ -62,7 +63,8 @@ def test_shards_move_from_replicas_before_activation_and_training_stays_exact(cl
     with cluster.client(addrs[1]) as c:
         os.kill(c.show()["agent"]["app_pid"], signal.SIGKILL)
     killed_at = time.time()
-    crash, history = wait_certificate(cluster, addrs[0], lambda c: c["activated_at"] > killed_at and len(c["members"]) == 4
+    crash, history = wait_certificate(cluster, addrs[0], lambda c: c["activated_at"] > killed_at
+                                and len(c["members"]) == 4
                                 and any(m["peer_id"] == "p1" and m["incarnation"] > 1 for m in c["members"]), 90,
                                 "the generation with p1's new incarnation")
     assert crash["moved"], crash                 # the new incarnation receives its share (rebalanced onto it)

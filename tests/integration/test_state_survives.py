@@ -41,7 +41,8 @@ def run_env(tmp_path, monkeypatch):
     monkeypatch.setenv("EXACT_STEP_DELAY", "0.04")
     monkeypatch.setenv("P2PGEN_SUMMARY_DIR", str(dirs["summaries"]))
     monkeypatch.setenv("P2PGEN_TRACE_DIR", str(dirs["traces"]))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
     return dirs
 
 

@@ -46,7 +46,8 @@ def test_training_survives_kills_and_a_join_and_equals_the_serial_history(cluste
     monkeypatch.setenv("EXACT_STEP_DELAY", "0.05")
     monkeypatch.setenv("P2PGEN_SUMMARY_DIR", str(summaries))
     monkeypatch.setenv("P2PGEN_TRACE_DIR", str(traces))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
 
     ports = free_control_ports(5)
     addrs = [f"127.0.0.1:{p}" for p in ports]

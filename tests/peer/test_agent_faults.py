@@ -195,7 +195,7 @@ def test_an_agent_lost_between_generations_raises_agent_lost_not_an_attribute_er
     try:
         with pytest.raises(AgentLost, match="lost its agent"):
             train(peer, 3)
-        assert peer.backend is None
+        assert peer._backend is None
     finally:
         peer.close()
 

@@ -46,10 +46,10 @@ def fetch_failing_with(monkeypatch, peer, changed, agent):  # noqa: F811
 def test_a_pull_that_failed_before_writing_is_retried_by_the_next_vote(agent, monkeypatch):  # noqa: F811
     agent.register()
     peer = peer_for(agent)
-    peer.trace = Events()
+    peer._trace = Events()
     try:
         assert fetch_failing_with(monkeypatch, peer, (), agent) is None
-        assert peer.trace == ["pull", "pull_failed"]
+        assert peer._trace == ["pull", "pull_failed"]
     finally:
         peer.close()
 
@@ -59,14 +59,14 @@ def test_a_pull_that_failed_after_writing_goes_back_to_the_local_copy(agent, mon
     state = SharedState({"w": np.full(4, 7.0, np.float32)}, revision=5)
     peer = Peer(JOB, state, agent.addr, PEER, 1, SECRET, agent.data, agent.state,
                 keep=StateKeeperConfig(local_dir=str(tmp_path)))
-    peer.trace = Events()
+    peer._trace = Events()
     try:
         real = JobView.from_json(agent.view())
-        peer.keeper.local.save(state, instance=real.instance, incarnation=1, generation=2, epoch=real.state_epoch)
+        peer._keeper.local.save(state, instance=real.instance, incarnation=1, generation=2, epoch=real.state_epoch)
         state.tensors["w"][:2] = 9.0                 # what the failed pull had written
         assert fetch_failing_with(monkeypatch, peer, ("w",), agent) is None
         assert state.tensors["w"].tolist() == [7.0] * 4 and state.revision == 5
-        assert peer.trace == ["pull", "pull_failed", "recovered"]
+        assert peer._trace == ["pull", "pull_failed", "recovered"]
     finally:
         peer.close()
 
@@ -74,10 +74,10 @@ def test_a_pull_that_failed_after_writing_goes_back_to_the_local_copy(agent, mon
 def test_a_pull_that_failed_after_writing_without_a_local_copy_evicts_this_incarnation(agent, monkeypatch):  # noqa: F811
     agent.register()
     peer = peer_for(agent)
-    peer.trace = Events()
+    peer._trace = Events()
     try:
         with pytest.raises(Evicted, match="must not vote this state, and it has no local copy"):
             fetch_failing_with(monkeypatch, peer, ("w",), agent)
-        assert peer.trace == ["pull", "pull_failed"]
+        assert peer._trace == ["pull", "pull_failed"]
     finally:
         peer.close()

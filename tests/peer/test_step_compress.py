@@ -24,16 +24,16 @@ class StandInPeer:
     """What a Step asks of its peer: the state's revision and commit, the trace, the join boundary."""
 
     def __init__(self) -> None:
-        self.state = SimpleNamespace(revision=0, commit=self._commit)
-        self.trace = SimpleNamespace(record=lambda event, **fields: self.events.append((event, fields)))
+        self.state = SimpleNamespace(revision=0, _commit=self._commit)
+        self._trace = SimpleNamespace(record=lambda event, **fields: self.events.append((event, fields)))
         self.events: list = []
-        self.keeper = None
+        self._keeper = None
 
     def _commit(self) -> int:
         self.state.revision += 1
         return self.state.revision
 
-    def pending_join_seen(self) -> int:
+    def _pending_join_seen(self) -> int:
         return 0
 
     def switch_after_step(self, generation: int) -> None:

@@ -40,7 +40,7 @@ def library(monkeypatch):
 def a_step() -> Step:
     events: list[Any] = []
     peer = SimpleNamespace(state=SimpleNamespace(revision=7),
-                           trace=SimpleNamespace(record=lambda event, **f: events.append((event, f))))
+                           _trace=SimpleNamespace(record=lambda event, **f: events.append((event, f))))
     step = Step(peer, SimpleNamespace(generation=3, rank=0, world=2))
     step.events = events
     return step

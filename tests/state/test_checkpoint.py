@@ -9,7 +9,12 @@ import pytest
 from p2pgen.core import Frontier, Member
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.state import (
-    CheckpointError, StateKeeper, StateKeeperConfig, list_checkpoints, load_checkpoint, write_checkpoint,
+    CheckpointError,
+    StateKeeper,
+    StateKeeperConfig,
+    list_checkpoints,
+    load_checkpoint,
+    write_checkpoint,
 )
 from p2pgen.state import checkpoint as ck
 from tests.state.helpers import make_state
@@ -161,7 +166,7 @@ def test_rank_zero_writes_every_n_revisions_and_everyone_saves_the_local_copy(tm
         k.vote_fields(job_state())
     for _ in range(7):
         for rank, k in keepers.items():
-            states[rank].commit()
+            states[rank]._commit()
             k.committed(cert, rank)
     assert [c.revision for c in list_checkpoints(tmp_path / "ckpt")] == [6, 3]
     assert all(k.local.describe().revision == 7 for k in keepers.values())
@@ -186,7 +191,7 @@ def test_the_local_copy_every_n_commits_is_also_saved_at_each_activation(tmp_pat
     keeper.vote_fields(job_state())
     cert = active(2, 0, "")
     for _ in range(7):
-        state.commit()
+        state._commit()
         keeper.committed(cert, 1)
     assert keeper.local.describe().revision == 6
     keeper.activated(active(3, 7, state.digest()))

@@ -17,8 +17,7 @@ import torch
 from p2pgen import auth
 from p2pgen.core.model import Frontier
 from p2pgen.errors import ProtocolError
-from p2pgen.state import DigestMismatch, PullConfig, ServerConfig, SharedState, StateSyncError, pull_state
-from p2pgen.state import wire
+from p2pgen.state import DigestMismatch, PullConfig, ServerConfig, SharedState, StateSyncError, pull_state, wire
 from p2pgen.transport import handshake
 from tests.state.helpers import JOB, SECRET, make_state, source_of
 

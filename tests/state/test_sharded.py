@@ -8,9 +8,8 @@ import pytest
 from p2pgen.core.model import ShardPull
 from p2pgen.core.ownership import parse_layout, parse_shards
 from p2pgen.core.view import JobView
-from p2pgen.state import wire
+from p2pgen.state import ShardMismatch, SharedState, wire
 from p2pgen.transport import hooks
-from p2pgen.state import SharedState, ShardMismatch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -21,8 +20,8 @@ def test_declared_object_starts_whole_and_is_out_of_the_digest():
     obj = state.shard("adam", 10, 3, "float32", r=2)
     assert obj.owned() == [0, 1, 2] and obj.nbytes_held == 40
     assert state.digest() == before
-    assert parse_layout(state.layout_text())[0].describe() == "even(length=10,shards=3,itemsize=4)"
-    assert set(parse_shards(state.shards_text())) == {("adam", 0), ("adam", 1), ("adam", 2)}
+    assert parse_layout(state._layout_text())[0].describe() == "even(length=10,shards=3,itemsize=4)"
+    assert set(parse_shards(state._shards_text())) == {("adam", 0), ("adam", 1), ("adam", 2)}
 
 
 def test_install_verifies_and_keep_only_drops():
@@ -110,7 +109,7 @@ def test_local_copy_keeps_the_shards_held_and_restores_exactly_those(tmp_path):
     copy.load_into(fresh, instance="i")
     assert fresh.revision == 9 and fresh.sharded["adam"].owned() == [0, 2]
     assert fresh.sharded["adam"].held[2].tolist() == [5.0, 6.0]
-    assert fresh.shards_text() == state.shards_text()
+    assert fresh._shards_text() == state._shards_text()
 
 
 def test_checkpointed_shards_are_written_once_each_and_a_checkpoint_is_complete_only_with_all(tmp_path):

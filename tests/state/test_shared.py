@@ -41,7 +41,7 @@ def test_torch_digest_is_cached_until_an_in_place_write_or_a_commit():
     w.add_(1.0)                                                               # bumps w._version only
     assert state.digest() != first
     assert state.hashed_bytes == hashed + w.nbytes                           # only w was re-hashed
-    state.commit()                                                            # fused optimizers skip _version
+    state._commit()                                                            # fused optimizers skip _version
     state.digest()
     assert state.hashed_bytes == hashed + 2 * w.nbytes + v.nbytes
 
@@ -74,7 +74,7 @@ def test_replacing_an_entry_drops_its_cached_digest():
 
 def test_manifest_round_trips_and_refuses_a_tampered_one():
     state = SharedState({"w": np.arange(5.0), "e": np.zeros((0, 3), np.float16)}, {"k": [1, 2]}, revision=4)
-    m = state.manifest()
+    m = state._manifest()
     assert Manifest.from_wire(m.to_wire()) == m
     assert m.digest == state.digest() and m.revision == 4 and m.entry("e").shape == (0, 3)
     for tamper, error in ((lambda w: w["entries"][0].__setitem__(1, "0" * 32), "do not add up to its digest"),
@@ -111,16 +111,16 @@ def test_a_tensor_digest_is_built_from_its_block_digests():
 def test_holds_stops_at_the_first_differing_block_and_caches_an_equal_torch_tensor():
     from p2pgen.state.shared import DIGEST_BLOCK
     src = SharedState({"t": np.arange(3 * DIGEST_BLOCK, dtype=np.uint8), "w": torch.arange(1000.0)})
-    entries = {e.name: e for e in src.manifest().entries}
+    entries = {e.name: e for e in src._manifest().entries}
     fresh = SharedState({"t": np.zeros(3 * DIGEST_BLOCK, np.uint8), "w": torch.zeros(1000)})
-    assert not fresh.holds(entries["t"]) and fresh.hashed_bytes == DIGEST_BLOCK     # one block, not three
+    assert not fresh._holds(entries["t"]) and fresh.hashed_bytes == DIGEST_BLOCK     # one block, not three
     late = np.arange(3 * DIGEST_BLOCK, dtype=np.uint8)
     late[-1] ^= 1
-    assert not SharedState({"t": late}).holds(entries["t"])
+    assert not SharedState({"t": late})._holds(entries["t"])
     same = SharedState({"t": np.arange(3 * DIGEST_BLOCK, dtype=np.uint8), "w": torch.arange(1000.0)})
-    assert same.holds(entries["t"]) and same.holds(entries["w"])
+    assert same._holds(entries["t"]) and same._holds(entries["w"])
     hashed = same.hashed_bytes
-    assert same.holds(entries["w"]) and same.hashed_bytes == hashed                 # cached
+    assert same._holds(entries["w"]) and same.hashed_bytes == hashed                 # cached
     assert same.digest() == src.digest()
 
 

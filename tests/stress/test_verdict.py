@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.stress.progress import Commit
+from p2pgen.progress import Commit
 from p2pgen.stress.verdict import (
-    Activated, Fault, Verdict, digest_mismatches, max_stall, recoveries, regressions,
+    Activated,
+    Fault,
+    Verdict,
+    digest_mismatches,
+    max_stall,
+    recoveries,
+    regressions,
 )
 
 pytestmark = pytest.mark.timeout(30)

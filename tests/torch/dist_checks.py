@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -285,7 +286,8 @@ def check_functional_collectives_device_mesh_and_dtensor(m: Member) -> None:
     group = mesh.get_group()
     assert (group.rank(), group.size(), group.generation) == (m.rank, m.world, 1) and group.group_name
     mine = value(m.rank, (4,), torch.float32)
-    assert torch.equal(funcol.all_reduce(mine, "sum", group), sum(value(r, (4,), torch.float32) for r in range(m.world)))
+    assert torch.equal(funcol.all_reduce(mine, "sum", group),
+                       sum(value(r, (4,), torch.float32) for r in range(m.world)))
     assert torch.equal(funcol.all_gather_tensor(mine, 0, group),
                        torch.cat([value(r, (4,), torch.float32) for r in range(m.world)]))
     full = torch.arange(12.0).reshape(6, 2)
@@ -303,8 +305,10 @@ def check_bad_arguments_raise_at_the_call(m: Member) -> None:
             torch.ones(2, dtype=torch.bfloat16), torch.ones(2 * m.world, dtype=torch.bfloat16), op=dist.ReduceOp.BAND)),
         (ValueError, "PREMUL_SUM|not supported", lambda: dist.all_reduce(
             torch.ones(3), op=dist._make_nccl_premul_sum(2.0))),
-        (ValueError, "tensors in the output list", lambda: dist.all_gather([torch.ones(2)] * (m.world + 1), torch.ones(2))),
-        (ValueError, "output elements", lambda: dist.all_gather_into_tensor(torch.ones(2 * m.world + 1), torch.ones(2))),
+        (ValueError, "tensors in the output list",
+         lambda: dist.all_gather([torch.ones(2)] * (m.world + 1), torch.ones(2))),
+        (ValueError, "output elements",
+         lambda: dist.all_gather_into_tensor(torch.ones(2 * m.world + 1), torch.ones(2))),
         (TypeError, "dtypes differ", lambda: dist.reduce_scatter_tensor(
             torch.ones(2), torch.ones(2 * m.world, dtype=torch.float64))),
         (ValueError, "split sizes", lambda: dist.all_to_all_single(torch.ones(m.world), torch.ones(m.world),

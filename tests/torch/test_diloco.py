@@ -21,7 +21,7 @@ class FakeStep:
     """What DiLoCo uses of a p2pgen Step, over a TcpBackend: revision, generation, rank, world,
     all_reduce and commit (which moves the member's revision)."""
 
-    def __init__(self, member: "Member", backend, fail_on: int | None = None) -> None:
+    def __init__(self, member: Member, backend, fail_on: int | None = None) -> None:
         self.member, self.backend = member, backend
         self.revision, self.generation = member.revision, backend.generation
         self.rank, self.world = backend.rank, backend.world

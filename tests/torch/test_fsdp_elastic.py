@@ -102,4 +102,5 @@ def test_a_job_restored_from_a_dcp_checkpoint_of_another_ends_where_the_referenc
     assert all(f["steps_committed"] == 3 for f in resumed.values()), "the resumed job did not start at revision 3"
     expected = load_example().reference(steps, SEED, LR, MOMENTUM)
     for f in [*first.values(), *resumed.values()]:
-        assert f["revision"] == steps and max_difference(f, expected) <= TOLERANCE, (f["peer"], max_difference(f, expected))
+        assert f["revision"] == steps and max_difference(f, expected) <= TOLERANCE, \
+            (f["peer"], max_difference(f, expected))

@@ -34,7 +34,7 @@ class Target:
     def rogue(self, generation: int, secret: bytes = SECRET, identity: tuple[str, int] = ROGUE) -> RoguePeer:
         return RoguePeer(JOB, secret, identity[0], identity[1], generation)
 
-    def recv_in_thread(self, buf: np.ndarray) -> "Pending":
+    def recv_in_thread(self, buf: np.ndarray) -> Pending:
         return Pending(lambda: self.backend.recv(buf, 0))
 
 

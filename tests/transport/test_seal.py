@@ -10,7 +10,8 @@ import socket
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from p2pgen.errors import EncryptionMismatch, PeerLost, ProtocolError
 from p2pgen.testing.rogue import RoguePeer

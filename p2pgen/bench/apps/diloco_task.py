@@ -13,8 +13,9 @@ function of (step, index, rank, world), so every mode sees the same data order. 
   momentum 0.9, Nesterov) and optional `--compress`.
 Every member evaluates the (global) parameters on a fixed held-out batch at every outer step (every
 EVAL_EVERY steps in the synchronous modes): the same number on every member, so they all stop at the same
-step once it is at most `--target-loss` (the benchmark stops a run that has not reached it in time). The log (JSON lines) holds `start`, then
-`eval` records {t, steps (inner steps per member so far), outer, loss} and a final `end`.
+step once it is at most `--target-loss` (the benchmark stops a run that has not reached it in time). The log
+(JSON lines) holds `start`, then `eval` records {t, steps (inner steps per member so far), outer, loss}
+and a final `end`.
 """
 
 from __future__ import annotations

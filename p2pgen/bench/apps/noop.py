@@ -4,7 +4,7 @@
 
 Once active, every member runs the same sequence in one generation: blocks of N steps through
 `peer.steps()` (each step: one all-reduce of a 4-byte buffer, then `commit()`), alternating (ABBA) with
-blocks of N bare `peer.backend.all_reduce` calls of the same buffer, the baseline. Rank 0 writes the
+blocks of N bare `peer._backend.all_reduce` calls of the same buffer, the baseline. Rank 0 writes the
 per-block seconds to FILE as JSON; every member then exits cleanly, so its agent leaves the job.
 Invariant: both kinds of block run in the same process, generation and communicator; a generation
 change during the measurement is an error, never a figure.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -41,7 +41,7 @@ def time_steps(steps: Iterator[Step], buf: np.ndarray, n: int) -> float:
 def time_bare(peer: Peer, buf: np.ndarray, n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
-        peer.backend.all_reduce(buf, op="sum")
+        peer._backend.all_reduce(buf, op="sum")
     return time.perf_counter() - start
 
 

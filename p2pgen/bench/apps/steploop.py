@@ -45,9 +45,9 @@ class RestartOnChange(PeerObserver):
     process at once with RESTART_EXIT (its agent restarts it), as torchrun's workers do."""
 
     def before(self, peer: Peer, action: Action) -> None:
-        if isinstance(action, Exit) and peer.backend is not None:
-            peer.trace.record("restart_all", generation=peer.backend.generation, revision=peer.state.revision)
-            peer.trace.close()
+        if isinstance(action, Exit) and peer._backend is not None:
+            peer._trace.record("restart_all", generation=peer._backend.generation, revision=peer.state.revision)
+            peer._trace.close()
             os._exit(RESTART_EXIT)
 
 
@@ -105,7 +105,7 @@ def train(peer: Peer, state: p2pgen.SharedState, args: argparse.Namespace) -> No
     for step in peer.steps():
         if step.generation != generation:
             generation = step.generation
-            peer.trace.record("certificate", generation=generation, world=step.world,
+            peer._trace.record("certificate", generation=generation, world=step.world,
                               activated_at=peer.certificate.activated_at if peer.certificate else None)
         with step:
             time.sleep(args.step_delay)
@@ -129,7 +129,7 @@ def main() -> None:
     loaded = load_checkpoint(args.checkpoint) if args.policy == "restart-all" else None
     state = loaded or p2pgen.SharedState(tensors=initial_tensors())
     peer = join(args.policy, state, args.trace_dir)
-    peer.trace.record("start", policy=args.policy, revision=state.revision)
+    peer._trace.record("start", policy=args.policy, revision=state.revision)
     train(peer, state, args)
 
 

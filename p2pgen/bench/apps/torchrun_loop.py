@@ -34,8 +34,14 @@ import torch.distributed as dist
 
 import p2pgen
 from p2pgen.agent.supervisor import die_with_parent
-from p2pgen.bench.apps.steploop import (apply_update, initial_tensors, load_checkpoint, save_checkpoint,
-                                        shard_gradient, target_weights)
+from p2pgen.bench.apps.steploop import (
+    apply_update,
+    initial_tensors,
+    load_checkpoint,
+    save_checkpoint,
+    shard_gradient,
+    target_weights,
+)
 from p2pgen.peer import Trace
 
 

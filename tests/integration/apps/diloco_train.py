@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import torch
 
 GRID = 2.0 ** -20

@@ -1,7 +1,8 @@
-"""Committed-step reports from a training application to the `p2pgen stress` harness, and back a stop.
+"""Committed-step reports from a training application to the harness that started it, and back a stop.
 
-Owns the file protocol between them, under `$P2PGEN_PROGRESS_DIR` (set by the harness; without it
-every call here is a no-op, so an example that reports progress runs unchanged elsewhere):
+Owns the file protocol between them, both sides (the runtime's step loop writes it, `join --local --chaos`
+and the `p2pgen stress` harness read it), under `$P2PGEN_PROGRESS_DIR` (set by the harness; without it
+every call here is a no-op, so an application that reports progress runs unchanged elsewhere):
 - the application appends one JSON line per committed step to `DIR/<peer>-<incarnation>.jsonl`:
   `{"t", "peer", "incarnation", "generation", "revision", "digest"}` (`revision` is the revision the
   step committed, `digest` the state's digest right after it); one `write()` per line, so a SIGKILL
@@ -25,7 +26,7 @@ STOP = "stop"
 
 
 class Progress:
-    """The application side, owned by the Peer (`peer.progress`): it reports every committed step of
+    """The application side, owned by the Peer (one per Peer): it reports every committed step of
     `peer.steps()` and ends the loop once the state reached `stop_revision()`, so any application, an
     ordinary torch script included, is counted by `join --local --chaos` and `p2pgen stress` unchanged."""
 
@@ -38,7 +39,7 @@ class Progress:
             self._fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     @classmethod
-    def from_env(cls, peer: Any) -> "Progress":
+    def from_env(cls, peer: Any) -> Progress:
         return cls(os.environ.get(ENV), peer.peer_id, peer.incarnation)
 
     def committed(self, step: Any) -> None:

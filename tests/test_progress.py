@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from p2pgen.progress import ENV, CommitLog, Progress, write_stop
 from p2pgen.state import SharedState
-from p2pgen.stress.progress import ENV, CommitLog, Progress, write_stop
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,7 +24,7 @@ def test_committed_steps_are_read_back_incrementally_and_a_cut_line_is_skipped(t
     progress = Progress(str(tmp_path), "node/1", 2)
     log = CommitLog(tmp_path)
     assert log.poll() == []
-    state.commit()
+    state._commit()
     progress.committed(step(state))
     first = log.poll()
     assert [(c.peer, c.incarnation, c.generation, c.revision, c.digest) for c in first] == \
