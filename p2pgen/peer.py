@@ -37,7 +37,8 @@ Invariants kept:
 - `encrypt=True` (`--encrypt`): every link this peer dials or accepts, data plane, state transfer and channels,
   is sealed (`p2pgen.transport.seal`); a member with the other setting is refused at the handshake.
 - State that outlives this process (`p2pgen.state.keeper`): the local copy is restored before the first
-  vote and saved after every commit and catch-up; a generation held because its frontier would regress
+  vote, snapshotted at commits (saved in the background) and saved whole at every activation that changed
+  it; a generation held because its frontier would regress
   is asked to fall back only once its wait is over, and a regressed activation is logged loudly.
 """
 
@@ -198,7 +199,7 @@ class Step:
             self._agree_on_boundary()      # a step with no collective still agrees on the boundary
         revision = self.peer.state.commit()
         self.committed = True
-        if self.peer.keeper is not None:       # the local copy holds the revision before commit() returns
+        if self.peer.keeper is not None:       # a snapshot for the local copy, saved while the next step computes
             self.peer.keeper.committed(self.peer.certificate, self.rank)
         self.peer.trace.record("commit", generation=self.generation, revision=revision)
         return revision
@@ -388,6 +389,8 @@ class Peer:
             self.backend.abort("peer closed")
         self._serving.close()
         self.state_server.close()
+        if self.keeper is not None:
+            self.keeper.close()
         for ch in self._channels.values():
             ch.close()
         if self._listener is not None:
