@@ -201,7 +201,8 @@ class Step:
         self.committed = True
         if self.peer.keeper is not None:       # a snapshot for the local copy, saved while the next step computes
             self.peer.keeper.committed(self.peer.certificate, self.rank)
-        self.peer.trace.record("commit", generation=self.generation, revision=revision)
+        copy = {"snapshot": self.peer.keeper.snapshotted} if self.peer.keeper is not None else {}
+        self.peer.trace.record("commit", generation=self.generation, revision=revision, **copy)
         return revision
 
     def __enter__(self) -> "Step":

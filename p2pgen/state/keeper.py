@@ -275,7 +275,8 @@ class StateKeeper:
         if self._last_commit:
             step = now - self._last_commit
             self._step_s = step if not self._step_s else 0.8 * self._step_s + 0.2 * step
-        decision = decide(self.policy, revision, self.snapshotted, self.writer.busy, self._step_s, self._snapshot_s)
+        decision = decide(self.policy, revision, self.snapshotted, self.writer.busy, self._step_s,
+                          self._snapshot_s + self.writer.seconds)
         if decision == SAVE:
             started = time.monotonic()
             self._snapshot(active)

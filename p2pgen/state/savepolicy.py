@@ -4,8 +4,9 @@ Owns the rule that keeps the local copy off the critical path. A save has two pa
 copy of the committed bytes into the free slot, or an enqueued device-to-host copy), paid by the step
 that commits, and the rest (hashing the snapshot, publishing the pointer), done by the background
 writer while the next steps compute. A commit takes a snapshot only when the writer is free (the step
-never waits for it) and when the snapshot's cost, spread over the steps since the last one, stays
-within the budget (a fraction of the step time); at most `max_lag` revisions after the last snapshot
+never waits for it) and when the last save's cost (the snapshot's block plus the writer's work, counted
+as the steps' own: on a host without a spare core it is), spread over the steps since the last
+snapshot, stays within the budget (a fraction of the step time); at most `max_lag` revisions after the last snapshot
 it takes one whatever the budget says, if the writer is free.
 
 Invariant: the decision depends only on its arguments (no clock, no I/O), so the same numbers give the
@@ -34,7 +35,7 @@ class SavePolicy:
 
 
 def decide(policy: SavePolicy, revision: int, snapshotted: int, writer_busy: bool, step_s: float,
-           snapshot_s: float) -> str:
+           save_s: float) -> str:
     """Whether the commit of `revision` takes a snapshot: SAVE, or the reason it does not.
 
     Args:
@@ -43,17 +44,17 @@ def decide(policy: SavePolicy, revision: int, snapshotted: int, writer_busy: boo
         snapshotted: the revision of the last snapshot taken (0: none yet).
         writer_busy: the background writer is still finishing an earlier snapshot.
         step_s: the mean seconds per step lately, snapshots excluded (0: not measured yet).
-        snapshot_s: the seconds the last snapshot blocked its step (0: not measured yet).
+        save_s: the seconds the last save cost: its snapshot's block plus the writer's work (0: none yet).
 
     Returns:
         SAVE; CADENCE (fewer than `every` revisions since the last snapshot); BUSY (the writer is not
-        free: the step does not wait for it); BUDGET (the snapshot would cost more than the budget allows).
+        free: the step does not wait for it); BUDGET (the save would cost more than the budget allows).
     """
     since = revision - snapshotted
     if since < policy.every:
         return CADENCE
     if writer_busy:
         return BUSY
-    if since >= policy.max_lag or snapshot_s <= policy.budget * since * step_s:
+    if since >= policy.max_lag or save_s <= policy.budget * since * step_s:
         return SAVE
     return BUDGET

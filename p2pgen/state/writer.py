@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import time
 
 from p2pgen.state.localcopy import CopyInfo, LocalCopy, Snapshot
 
@@ -29,6 +30,7 @@ class BackgroundWriter:
         self._job: Snapshot | None = None
         self._done: list[tuple[Snapshot, CopyInfo | Exception]] = []
         self._stop = False
+        self.seconds = 0.0        # how long the writer worked on the last save
         self._thread = threading.Thread(target=self._run, name="p2pgen-local-copy", daemon=True)
         self._thread.start()
 
@@ -72,11 +74,13 @@ class BackgroundWriter:
                 snap = self._job
                 if snap is None:
                     return
+            started = time.monotonic()
             try:
                 outcome: CopyInfo | Exception = self.copy.finish(snap)
             except Exception as e:      # any failure is the caller's to report: take() hands it over
                 outcome = e
             with self._lock:
+                self.seconds = time.monotonic() - started
                 self._done.append((snap, outcome))
                 self._job = None
                 self._lock.notify_all()
