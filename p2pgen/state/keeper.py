@@ -272,6 +272,8 @@ class StateKeeper:
         """Mark the commit, measure the step, and take a snapshot if the save policy says so."""
         revision, now = self.state.revision, time.monotonic()
         self._mark(revision)
+        if self.writer is None:             # the mark could not be written: the copy is off now
+            return
         if self._last_commit:
             step = now - self._last_commit
             self._step_s = step if not self._step_s else 0.8 * self._step_s + 0.2 * step
