@@ -229,6 +229,8 @@ def _add_survive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-mb", nargs="+", type=float, help="overhead: state sizes in MiB (default 16 256 1024; "
                                                              "--quick: 16)")
     p.add_argument("--overhead-seconds", type=float, help="overhead: seconds measured per run (default 12)")
+    p.add_argument("--local-state-budget", type=float, help="overhead: the members' --local-state-budget with the "
+                                                            "copy on (default 0.05)")
     p.add_argument("--sizes", nargs="+", type=float, help="copies: state sizes in MB (default 16 128; --quick: 16)")
     p.add_argument("--killall-mb", type=float, help="killall: state size in MB (default 64; --quick: 16)")
     p.add_argument("--trials", type=int, help="killall: kills per configuration (default 3; --quick: 1)")
@@ -250,17 +252,17 @@ def _run_survive(args: argparse.Namespace) -> int:
     from p2pgen.bench import survive
 
     if (args.trials is not None and args.trials < 1) or any(s <= 0 for s in tuple(args.sizes or ()) + tuple(
-            args.state_mb or ())) or (args.overhead_seconds is not None and args.overhead_seconds <= 0) or (
+            args.state_mb or ())) or any(v is not None and v <= 0 for v in (args.overhead_seconds, args.local_state_budget)) or (
             args.killall_mb is not None and args.killall_mb <= 0) or (
             args.churn_seconds is not None and args.churn_seconds <= 0) or (
             args.churn_members is not None and args.churn_members < 3):
         raise SystemExit("p2pgen bench survive: --trials must be >= 1, --churn-members >= 3, --sizes, --state-mb, "
-                         "--overhead-seconds, --killall-mb and --churn-seconds > 0")
+                         "--overhead-seconds, --local-state-budget, --killall-mb and --churn-seconds > 0")
     plan = survive.Plan.quick() if args.quick else survive.Plan()
     given = {"sizes_mb": tuple(args.sizes) if args.sizes else None, "killall_mb": args.killall_mb,
              "trials": args.trials, "churn_s": args.churn_seconds, "seed": args.seed,
              "churn_members": args.churn_members, "state_mb": tuple(args.state_mb) if args.state_mb else None,
-             "overhead_s": args.overhead_seconds}
+             "overhead_s": args.overhead_seconds, "overhead_budget": args.local_state_budget}
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
     sections = tuple(s for s in survive.SECTIONS if not args.only or s in args.only)
     return survive.main(plan, sections, args.json, args.out)

@@ -72,6 +72,7 @@ class Plan:
     state_mb: tuple[float, ...] = (16.0, 256.0, 1024.0)
     overhead_s: float = 12.0
     overhead_rounds: int = 2
+    overhead_budget: float = 0.05        # --local-state-budget of the members with the copy on
 
     @classmethod
     def quick(cls) -> "Plan":
@@ -147,7 +148,8 @@ def overhead_run(mbytes: float, copies_on: bool, plan: Plan, workdir: Path) -> d
     env_before = os.environ.get("P2PGEN_TRACE_DIR")
     os.environ["P2PGEN_TRACE_DIR"] = str(traces)
     with tempfile.TemporaryDirectory(prefix="p2pgen-overhead-", dir=shm) as local:
-        flags = (f"--local-state-dir={local}",) if copies_on else ("--no-local-state",)
+        flags = ((f"--local-state-dir={local}", f"--local-state-budget={plan.overhead_budget}") if copies_on
+                 else ("--no-local-state",))
         try:
             addrs = [f"127.0.0.1:{p}" for p in free_control_ports(2)]
             run = _Run(cluster, traces, addrs)
@@ -191,7 +193,8 @@ def format_overhead(rows: list[dict[str, Any]], plan: Plan) -> str:
                       _ms(r["digest_rehash_s"]), _ms(r["digest_with_copy_s"]), _ms(r["save_s"])])
     return (_table(table) + f"\n2 members, one float32 torch tensor updated in full every step (all_reduce of 8 floats, "
             f"add_, commit); {plan.overhead_rounds} alternating rounds of {plan.overhead_s:g} s per configuration "
-            "(median); local copy in /dev/shm, default --local-state-budget 0.05; digests measured in this process "
+            f"(median); local copy in /dev/shm, --local-state-budget {plan.overhead_budget:g}; digests measured in this "
+            "process "
             "(median of 3)")
 
 
