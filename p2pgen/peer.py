@@ -37,7 +37,8 @@ Invariants kept:
 - `encrypt=True` (`--encrypt`): every link this peer dials or accepts, data plane, state transfer and channels,
   is sealed (`p2pgen.transport.seal`); a member with the other setting is refused at the handshake.
 - State that outlives this process (`p2pgen.state.keeper`): the local copy is restored before the first
-  vote and saved after every commit and catch-up; a generation held because its frontier would regress
+  vote, snapshotted at commits (saved in the background) and saved whole at every activation that changed
+  it; a generation held because its frontier would regress
   is asked to fall back only once its wait is over, and a regressed activation is logged loudly.
 """
 
@@ -390,10 +391,12 @@ class Step:
         self.committed = True
         for feedback, residual in self._feedback:
             feedback.adopt(residual)
-        if self.peer._keeper is not None:       # the local copy holds the revision before commit() returns
+        keeper = self.peer._keeper
+        if keeper is not None:       # a snapshot for the local copy, saved while the next step computes
             assert self.peer.certificate is not None          # a step runs only in an activated generation
-            self.peer._keeper.committed(self.peer.certificate, self.rank)
-        self.peer._trace.record("commit", generation=self.generation, revision=revision)
+            keeper.committed(self.peer.certificate, self.rank)
+        copy = {"snapshot": keeper.snapshotted} if keeper is not None else {}
+        self.peer._trace.record("commit", generation=self.generation, revision=revision, **copy)
         return revision
 
     def __enter__(self) -> Step:
@@ -626,6 +629,8 @@ class Peer:
             self._backend.abort("peer closed")
         self._serving.close()
         self._state_server.close()
+        if self._keeper is not None:
+            self._keeper.close()
         for ch in self._channels.values():
             ch.close()
         if self._listener is not None:

@@ -74,24 +74,52 @@ def without_code(text: str) -> str:
     return "\n".join(out)
 
 
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation other than - and _ dropped, spaces to -."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every heading's anchor in a Markdown page (a repeated heading gets -1, -2, ... as on GitHub)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6} +(.+?) *#*$", without_fences(text), re.M):
+        base = slug(m.group(1))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def without_fences(text: str) -> str:
+    """`text` with fenced code blocks blanked (a `#` comment there is not a heading)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
 def broken_links(path: Path, text: str, root: Path = ROOT) -> list[str]:
-    """Relative links whose target (anchor stripped) does not exist, or lies outside the repository."""
+    """Relative links whose target does not exist, lies outside the repository, or names an anchor that no
+    heading of the target Markdown page has."""
     problems = []
     prose = without_code(text)
     for m in LINK.finditer(prose):
         target = m.group(1)
         if EXTERNAL.match(target):
             continue
-        file_part = target.split("#", 1)[0].split("?", 1)[0]
-        if not file_part:
-            continue                                    # an anchor in the same page
+        file_part, _, anchor = target.split("?", 1)[0].partition("#")
         line = prose.count("\n", 0, m.start(1)) + 1
-        resolved = (path.parent / file_part).resolve()
         where = f"{rel(path)}:{line}"
+        if not file_part:
+            if anchor not in anchors(text):
+                problems.append(f"{where}: link {target!r}: this page has no heading with anchor #{anchor}")
+            continue
+        resolved = (path.parent / file_part).resolve()
         if resolved != root and root not in resolved.parents:
             problems.append(f"{where}: link {target!r} leaves the repository")
         elif not resolved.exists():
             problems.append(f"{where}: link {target!r}: {rel(resolved)} does not exist")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text()):
+            problems.append(f"{where}: link {target!r}: {rel(resolved)} has no heading with anchor #{anchor}")
     return problems
 
 
@@ -202,13 +230,16 @@ def test_every_variable_is_in_the_environment_reference():
 def test_a_broken_link_is_named_with_file_and_line(tmp_path):
     page = tmp_path / "docs" / "page.md"
     page.parent.mkdir()
-    (tmp_path / "docs" / "there.md").write_text("x")
-    text = ("# t\n[ok](there.md#part) [web](https://example.com) [here](#x)\n\n"
-            "[gone](missing.md#a)\n```\n[not a link](nowhere.md)\n```\n[out](../../elsewhere.md)\n")
+    (tmp_path / "docs" / "there.md").write_text("# Part\n\n```\n# not a heading\n```\n## `compress=`: Part\n")
+    text = ("# t\n[ok](there.md#part) [web](https://example.com) [here](#t) [code](there.md#compress-part)\n\n"
+            "[gone](missing.md#a)\n```\n[not a link](nowhere.md)\n```\n[out](../../elsewhere.md)\n"
+            "[no anchor](there.md#not-a-heading) [none here](#x)\n")
     problems = broken_links(page, text, root=tmp_path)
-    assert len(problems) == 2, problems
+    assert len(problems) == 4, problems
     assert "page.md:4" in problems[0] and "missing.md" in problems[0]
     assert "page.md:8" in problems[1] and "leaves the repository" in problems[1]
+    assert "page.md:9" in problems[2] and "no heading with anchor #not-a-heading" in problems[2]
+    assert "page.md:9" in problems[3] and "this page has no heading with anchor #x" in problems[3]
 
 
 @pytest.mark.parametrize("bad", [

@@ -234,6 +234,11 @@ def _add_survive(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("survive", help="state that outlives its processes: local copy and checkpoint costs vs a "
                                        "pull; every application killed at once with a local copy, a checkpoint, "
                                        "or neither")
+    p.add_argument("--state-mb", nargs="+", type=float, help="overhead: state sizes in MiB (default 16 256 1024; "
+                                                             "--quick: 16)")
+    p.add_argument("--overhead-seconds", type=float, help="overhead: seconds measured per run (default 12)")
+    p.add_argument("--local-state-budget", type=float, help="overhead: the members' --local-state-budget with the "
+                                                            "copy on (default 0.05)")
     p.add_argument("--sizes", nargs="+", type=float, help="copies: state sizes in MB (default 16 128; --quick: 16)")
     p.add_argument("--killall-mb", type=float, help="killall: state size in MB (default 64; --quick: 16)")
     p.add_argument("--trials", type=int, help="killall: kills per configuration (default 3; --quick: 1)")
@@ -242,8 +247,8 @@ def _add_survive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--churn-members", type=int, help="churn: members (default 5)")
     p.add_argument("--seed", type=int, help="churn: seed of the fault schedule (default 1)")
     p.add_argument("--quick", action="store_true", help="a short run of every section")
-    p.add_argument("--only", action="append", metavar="SECTION", choices=("copies", "killall", "churn"),
-                   help="run only this section (repeatable): copies, killall, churn")
+    p.add_argument("--only", action="append", metavar="SECTION", choices=("overhead", "copies", "killall", "churn"),
+                   help="run only this section (repeatable): overhead, copies, killall, churn")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     p.add_argument("--out", help="also write the JSON to this file")
     p.set_defaults(func=_run_survive)
@@ -254,16 +259,20 @@ def _run_survive(args: argparse.Namespace) -> int:
 
     from p2pgen.bench import survive
 
-    if (args.trials is not None and args.trials < 1) or any(s <= 0 for s in args.sizes or ()) or (
+    sizes = tuple(args.sizes or ()) + tuple(args.state_mb or ())
+    positive = (args.overhead_seconds, args.local_state_budget)
+    if (args.trials is not None and args.trials < 1) or any(s <= 0 for s in sizes) or any(
+            v is not None and v <= 0 for v in positive) or (
             args.killall_mb is not None and args.killall_mb <= 0) or (
             args.churn_seconds is not None and args.churn_seconds <= 0) or (
             args.churn_members is not None and args.churn_members < 3):
-        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --churn-members >= 3, --sizes, --killall-mb "
-                         "and --churn-seconds > 0")
+        raise SystemExit("p2pgen bench survive: --trials must be >= 1, --churn-members >= 3, --sizes, --state-mb, "
+                         "--overhead-seconds, --local-state-budget, --killall-mb and --churn-seconds > 0")
     plan = survive.Plan.quick() if args.quick else survive.Plan()
     given = {"sizes_mb": tuple(args.sizes) if args.sizes else None, "killall_mb": args.killall_mb,
              "trials": args.trials, "churn_s": args.churn_seconds, "seed": args.seed,
-             "churn_members": args.churn_members}
+             "churn_members": args.churn_members, "state_mb": tuple(args.state_mb) if args.state_mb else None,
+             "overhead_s": args.overhead_seconds, "overhead_budget": args.local_state_budget}
     plan = dataclasses.replace(plan, **{k: v for k, v in given.items() if v is not None})
     sections = tuple(s for s in survive.SECTIONS if not args.only or s in args.only)
     return survive.main(plan, sections, args.json, args.out)

@@ -1,7 +1,12 @@
 """`p2pgen bench survive`: what an application crash costs in state, with a local copy, a checkpoint, or neither.
 
-Two sections, each printed beside its baseline measured in the same run:
+Four sections, each printed beside its baseline measured in the same run:
 
+0. `overhead` (real agents), per state size (`--state-mb`): 2 members train `p2pgen.bench.apps.overhead`
+   (one float32 tensor updated in full every step) with the local copy on (the default) and off
+   (`--no-local-state`), in alternating rounds; the step rates, their ratio, how far the copy lagged
+   the commits, and, in this process, the cost of the frontier digest a vote needs after a commit:
+   hashed again from the tensors (copies off) or taken from the background writer's hashes (on).
 1. `copies` (one process, no agents), per state size: the cost a commit pays to save the local copy
    (hash + copy into tmpfs), the time to verify and load that copy into a new process's state, to write
    and to load a checkpoint, and, as the baseline a restarted member without a copy pays, a pull of the
@@ -48,7 +53,7 @@ from p2pgen.testing.agents import Cluster, free_control_ports
 PEERS = ("s0", "s1", "s2")
 DETECT = ("--attach-grace=60", "--detector=fixed", "--detect-timeout=1.0", "--detect-floor=0.3",
           "--heartbeat-interval=0.1", "--max-restarts=1000")
-SECTIONS = ("copies", "killall", "churn")
+SECTIONS = ("overhead", "copies", "killall", "churn")
 
 
 @dataclass(frozen=True)
@@ -65,10 +70,134 @@ class Plan:
     churn_members: int = 5
     churn_mb: float = 16.0
     seed: int = 1
+    state_mb: tuple[float, ...] = (16.0, 256.0, 1024.0)
+    overhead_s: float = 12.0
+    overhead_rounds: int = 2
+    overhead_budget: float = 0.05        # --local-state-budget of the members with the copy on
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(sizes_mb=(16.0,), repeats=2, killall_mb=16.0, trials=1, churn_s=40.0)
+        return cls(sizes_mb=(16.0,), repeats=2, killall_mb=16.0, trials=1, churn_s=40.0, state_mb=(16.0,),
+                   overhead_s=6.0, overhead_rounds=1)
+
+
+# --- 0. overhead ---------------------------------------------------------------------------------------
+
+def digest_cost(mbytes: float, repeats: int) -> dict[str, float]:
+    """Seconds (median of `repeats`) of the frontier digest after a commit of `mbytes` MiB of torch state:
+    hashed from the tensors (no local copy) and with the local copy's writer (its hashes reused), and
+    the writer's background seconds per save."""
+    import types
+
+    import torch
+
+    from p2pgen.state import StateKeeper, StateKeeperConfig
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    gen = types.SimpleNamespace(generation=1, state_epoch=1, frontier=types.SimpleNamespace(revision=0, digest=""))
+    rehash, reused, writer = [], [], []
+    with tempfile.TemporaryDirectory(prefix="p2pgen-digest-", dir=shm) as local:
+        state = SharedState({"w": torch.zeros(int(mbytes * (1 << 20)) // 4)})
+        keeper = StateKeeper(StateKeeperConfig(local_dir=local, local_budget=1e9), state, "bench", ("p0", 1))
+        keeper.instance = "bench"
+        try:
+            for _ in range(2):              # both slots allocated before anything is timed
+                state._commit()
+                keeper.committed(gen, 1)
+                keeper.settle()
+            for _ in range(repeats):
+                state.tensors["w"].add_(1.0)
+                state._commit()
+                t = time.perf_counter()
+                state.digest()
+                rehash.append(time.perf_counter() - t)
+                state.tensors["w"].add_(1.0)
+                state._commit()
+                t = time.perf_counter()
+                keeper.committed(gen, 1)
+                keeper.settle()
+                writer.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                state.digest()
+                reused.append(time.perf_counter() - t)
+        finally:
+            keeper.close()
+        del state
+    return {"digest_rehash_s": statistics.median(rehash), "digest_with_copy_s": statistics.median(reused),
+            "save_s": statistics.median(writer)}
+
+
+def _rate(events: list[dict[str, Any]], peer: str, start: float, end: float) -> tuple[float, float, float]:
+    """(steps/s, share of commits that took a snapshot, mean revisions the copy lagged) of `peer` in [start, end]."""
+    mine = sorted((e for e in events if e["event"] == "commit" and e["peer"] == peer and start <= e["t"] <= end),
+                  key=lambda e: e["t"])
+    if len(mine) < 2:
+        return 0.0, 0.0, 0.0
+    rate = (len(mine) - 1) / (mine[-1]["t"] - mine[0]["t"])
+    if "snapshot" not in mine[0]:
+        return rate, 0.0, 0.0
+    taken = sum(1 for e in mine if e["snapshot"] == e["revision"]) / len(mine)
+    return rate, taken, statistics.mean(e["revision"] - e["snapshot"] for e in mine)
+
+
+def overhead_run(mbytes: float, copies_on: bool, plan: Plan, workdir: Path) -> dict[str, float]:
+    """One run of 2 members for `plan.overhead_s` seconds of steady steps; rates as `_rate` gives them."""
+    traces = workdir / "traces"
+    traces.mkdir(parents=True)
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    cluster = Cluster(workdir, job="bench-overhead", detect=DETECT)
+    command = [sys.executable, "-m", "p2pgen.bench.apps.overhead", f"--mbytes={mbytes}"]
+    env_before = os.environ.get("P2PGEN_TRACE_DIR")
+    os.environ["P2PGEN_TRACE_DIR"] = str(traces)
+    with tempfile.TemporaryDirectory(prefix="p2pgen-overhead-", dir=shm) as local:
+        flags = ((f"--local-state-dir={local}", f"--local-state-budget={plan.overhead_budget}") if copies_on
+                 else ("--no-local-state",))
+        try:
+            addrs = [f"127.0.0.1:{p}" for p in free_control_ports(2)]
+            run = _Run(cluster, traces, addrs)
+            for peer, addr in zip(PEERS[:2], addrs):
+                cluster.start(peer, addr, [a for a in addrs if a != addr], command=command,
+                              extra=("--min-members=2", *flags))
+            run.wait(lambda: len({e["peer"] for e in run.commits()}) == 2 and len(run.commits()) >= 8, 180,
+                     f"overhead {mbytes:g} MiB: both training")
+            start = time.time() + 1.0
+            time.sleep(1.0 + plan.overhead_s)
+            rate, taken, lag = _rate(run.refresh(), PEERS[0], start, start + plan.overhead_s)
+        finally:
+            cluster.stop_all()
+            if env_before is None:
+                os.environ.pop("P2PGEN_TRACE_DIR", None)
+            else:
+                os.environ["P2PGEN_TRACE_DIR"] = env_before
+    return {"steps_per_s": rate, "snapshot_share": taken, "lag": lag}
+
+
+def overhead(mbytes: float, plan: Plan, workdir: Path) -> dict[str, Any]:
+    """Alternating rounds (on, off) at one size; the median rate of each, their ratio and the digest cost."""
+    runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for i in range(plan.overhead_rounds):
+        for on in (True, False):
+            runs[on].append(overhead_run(mbytes, on, plan, workdir / f"{mbytes:g}-{i}-{'on' if on else 'off'}"))
+    on = statistics.median(r["steps_per_s"] for r in runs[True])
+    off = statistics.median(r["steps_per_s"] for r in runs[False])
+    return {"mbytes": mbytes, "on_steps_per_s": on, "off_steps_per_s": off, "ratio": on / off if off else 0.0,
+            "snapshot_share": statistics.mean(r["snapshot_share"] for r in runs[True]),
+            "lag": statistics.mean(r["lag"] for r in runs[True]), "rates_on": [r["steps_per_s"] for r in runs[True]],
+            "rates_off": [r["steps_per_s"] for r in runs[False]], **digest_cost(mbytes, 3)}
+
+
+def format_overhead(rows: list[dict[str, Any]], plan: Plan) -> str:
+    table = [["state", "steps/s, local copy on", "steps/s, --no-local-state", "ratio", "commits snapshotted",
+              "copy lag (revisions, mean)", "vote digest: rehash", "vote digest: with copy", "writer per save"]]
+    for r in rows:
+        table.append([f"{r['mbytes']:g} MiB", f"{r['on_steps_per_s']:.1f}", f"{r['off_steps_per_s']:.1f}",
+                      f"{r['ratio']:.2f}x", f"{r['snapshot_share'] * 100:.0f} %", f"{r['lag']:.1f}",
+                      _ms(r["digest_rehash_s"]), _ms(r["digest_with_copy_s"]), _ms(r["save_s"])])
+    return (_table(table) + "\n2 members, one float32 torch tensor updated in full every step (all_reduce of 8 "
+            f"floats, add_, commit); {plan.overhead_rounds} alternating rounds of {plan.overhead_s:g} s per "
+            f"configuration (median); local copy in /dev/shm, --local-state-budget {plan.overhead_budget:g}; "
+            "digests measured in this "
+            "process "
+            "(median of 3)")
 
 
 # --- 1. copies ---------------------------------------------------------------------------------------
@@ -378,6 +507,11 @@ def format_churn(rows: list[dict[str, Any]], plan: Plan) -> str:
 
 def main(plan: Plan, sections: tuple[str, ...], as_json: bool, out: str | None) -> int:
     result: dict[str, Any] = {"plan": plan.__dict__}
+    if "overhead" in sections:
+        with tempfile.TemporaryDirectory(prefix="p2pgen-overhead-") as tmp:
+            result["overhead"] = [overhead(mb, plan, Path(tmp)) for mb in plan.state_mb]
+        if not as_json:
+            print(format_overhead(result["overhead"], plan), flush=True)
     if "copies" in sections:
         result["copies"] = [copies(mb, plan.repeats) for mb in plan.sizes_mb]
         if not as_json:

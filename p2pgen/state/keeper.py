@@ -1,10 +1,11 @@
 """StateKeeper: where a member's state lives besides its process (a local copy, checkpoints), for the step loop.
 
 Owns the application side of "state that survives": restoring the local copy before the first vote,
-what a vote says about the state's epoch and the newest usable checkpoint, saving the local copy after
-every commit and every catch-up, writing a checkpoint every N revisions (rank 0 only: each object once),
-and loading the checkpoint the frontier election chose. Configured by the agent through the
-environment (`StateKeeperConfig.from_env`); every part is optional.
+what a vote says about the state's epoch and the newest usable checkpoint, snapshotting the local copy
+at commits (when `p2pgen.state.savepolicy` says so; hashed and published by a background writer) and
+saving it whole at every activation that changed the state, writing a checkpoint every N revisions
+(rank 0 only: each object once), and loading the checkpoint the frontier election chose. Configured by
+the agent through the environment (`StateKeeperConfig.from_env`); every part is optional.
 
 Invariants:
 - The local copy is restored at most once per process, before this process votes for the first time,
@@ -15,6 +16,12 @@ Invariants:
 - Sharded objects: every member writes the shards it is the first owner of beside each checkpoint
   (`p2pgen.state.shardckpt`); a checkpoint is offered only when every shard of its revision is there, and
   loading it installs them all (the member then serves them to the others).
+- The local copy holds the certified revision before a generation's first step (the activation's save is
+  waited for); between activations it lags the committed revision by the snapshots the policy skipped and
+  the one in flight, never holds a torn revision, and the mark of the last commit lets the next
+  incarnation say which committed revisions it does not hold. The step never waits for the writer.
+- No space for the two slots at start: `LocalCopyError` naming the size and the flags; a save that fails
+  mid-run (ENOSPC) is logged and training goes on without the local copy.
 - A checkpoint that fails to load is set aside (`corrupt-...`) and the error is raised: the process
   must not report `synced`.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,13 +46,17 @@ from p2pgen.state.checkpoint import (
     write_checkpoint,
 )
 from p2pgen.state.localcopy import LocalCopy, LocalCopyError
+from p2pgen.state.savepolicy import SAVE, SavePolicy, decide
 from p2pgen.state.shardckpt import find_shards, load_shards, prune_shards, write_shards
 from p2pgen.state.shared import SharedState
+from p2pgen.state.staging import stager_for
+from p2pgen.state.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 
 ENV_LOCAL = "P2PGEN_LOCAL_STATE_DIR"
 ENV_LOCAL_EVERY = "P2PGEN_LOCAL_STATE_EVERY"
+ENV_LOCAL_BUDGET = "P2PGEN_LOCAL_STATE_BUDGET"
 ENV_CHECKPOINT_DIR = "P2PGEN_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY = "P2PGEN_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_KEEP = "P2PGEN_CHECKPOINT_KEEP"
@@ -54,7 +66,8 @@ ENV_RESTORE = "P2PGEN_RESTORE_DIR"
 @dataclass(frozen=True)
 class StateKeeperConfig:
     local_dir: str = ""              # the local copy's folder ("": no local copy)
-    local_every: int = 1             # save it every N commits (and at every activation that changed the state)
+    local_every: int = 1             # save it every N commits at most (and at every activation that changed it)
+    local_budget: float = 0.05       # share of the step time the snapshots may block the steps (`savepolicy`)
     checkpoint_dir: str = ""         # where checkpoints are written and read ("": none)
     checkpoint_every: int = 0        # write one every N revisions (0: never write)
     checkpoint_keep: int = 3
@@ -67,9 +80,16 @@ class StateKeeperConfig:
         if not all(v.isdigit() for v in numbers.values()) or numbers[ENV_LOCAL_EVERY] == "0":
             raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in numbers.items())}: whole numbers >= 0 "
                              f"({ENV_LOCAL_EVERY} >= 1)")
-        return cls(env.get(ENV_LOCAL, ""), int(numbers[ENV_LOCAL_EVERY]), env.get(ENV_CHECKPOINT_DIR, ""),
-                   int(numbers[ENV_CHECKPOINT_EVERY]), int(numbers[ENV_CHECKPOINT_KEEP]),
-                   tuple(d for d in env.get(ENV_RESTORE, "").split(os.pathsep) if d))
+        budget = env.get(ENV_LOCAL_BUDGET, "0.05")
+        try:
+            local_budget = float(budget)
+        except ValueError:
+            local_budget = -1.0
+        if not local_budget > 0:
+            raise ValueError(f"{ENV_LOCAL_BUDGET}={budget!r}: a fraction of the step time > 0 (default 0.05)")
+        return cls(env.get(ENV_LOCAL, ""), int(numbers[ENV_LOCAL_EVERY]), local_budget,
+                   env.get(ENV_CHECKPOINT_DIR, ""), int(numbers[ENV_CHECKPOINT_EVERY]),
+                   int(numbers[ENV_CHECKPOINT_KEEP]), tuple(d for d in env.get(ENV_RESTORE, "").split(os.pathsep) if d))
 
     @property
     def enabled(self) -> bool:
@@ -82,6 +102,16 @@ class StateKeeper:
     def __init__(self, config: StateKeeperConfig, state: SharedState, job: str, identity: tuple[str, int]) -> None:
         self.config, self.state, self.job, self.identity = config, state, job, identity
         self.local = LocalCopy(config.local_dir, job, identity[0]) if config.local_dir else None
+        if self.local is not None:
+            self.local.check_space(state)
+        self.policy = SavePolicy(every=config.local_every, budget=config.local_budget)
+        self.writer = BackgroundWriter(self.local) if self.local is not None else None
+        self.stager = stager_for(list(state.tensors.values())) if self.local is not None else None
+        self.snapshotted = 0           # revision of the last snapshot taken (saved, or being saved)
+        self.skipped: dict[str, int] = {}   # commits that took no snapshot, by the policy's reason
+        self._step_s = 0.0             # mean seconds per step lately, snapshots excluded
+        self._snapshot_s = 0.0         # seconds the last snapshot blocked its step
+        self._last_commit = 0.0        # monotonic time of the last commit (0: none yet)
         self.epoch = 0                 # state epoch of the state held (0: not known, e.g. just pulled)
         self.lineage = 0               # the generation a restored local copy was saved in (0: none restored)
         self.instance = ""             # this run of the job (from the replicated state), once seen
@@ -126,6 +156,7 @@ class StateKeeper:
 
     def _load_local(self) -> tuple[bool, str]:
         """Load the local copy (verified before anything is written): whether it was, and a line saying so."""
+        self.settle()
         try:
             done = self.local.load_into(self.state, instance=self.instance)
         except LocalCopyError as e:
@@ -135,15 +166,23 @@ class StateKeeper:
         self.epoch = done.info.epoch
         self.lineage = done.info.generation
         self._saved = (done.info.revision, done.info.digest)
+        self.snapshotted = done.info.revision
         line = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
                 f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "
                 f"{done.info.nbytes / 1e6:.1f} MB verified and loaded in {done.seconds * 1e3:.0f} ms)")
+        mark = self.local.committed_mark()
+        if mark and mark.get("instance") == self.instance and int(mark.get("revision", 0)) > done.info.revision:
+            line += (f"; incarnation {mark.get('incarnation')} had committed up to revision {mark['revision']}, "
+                     f"whose saves had not finished: revisions {done.info.revision + 1}..{mark['revision']} come "
+                     "from a member that holds them, or are done again")
         log.warning("%s", line)
         return True, line
 
     def vote_fields(self, view: JobView) -> dict[str, Any]:
-        """What a `ready` vote says about the state (its epoch) and the newest usable checkpoint."""
+        """What a `ready` vote says about the state (its epoch) and the newest usable checkpoint. Waits for the
+        save in flight, whose digests then spare the vote's digest the hashing of unchanged tensors."""
         self.instance = view.instance
+        self.settle()
         fields: dict[str, Any] = {"epoch": self.epoch}
         best = self._best_checkpoint(view)
         if best is not None:
@@ -171,16 +210,26 @@ class StateKeeper:
                               f"is readable here any more")
 
     def activated(self, active: ActiveGeneration) -> None:
-        """The state now belongs to `active`: note its epoch; save the local copy if it changed."""
+        """The state now belongs to `active`: note its epoch; if it changed, save the local copy before the
+        generation's first step (whole, not in the background: the copy then holds the certified revision)."""
         self.epoch = active.state_epoch
-        if self.local is not None and self._saved != (self.state.revision, active.frontier.digest):
-            self._save_local(active)
+        if self.writer is None:
+            return
+        self.settle()
+        if self.writer is not None and self._saved != (self.state.revision, active.frontier.digest):
+            if self._snapshot(active):
+                self.settle()
+        if self.writer is not None:
+            self._mark(self.state.revision)
+        self._last_commit = 0.0
 
     def committed(self, active: ActiveGeneration, rank: int) -> None:
-        """After a commit: save the local copy (every `local_every` revisions); rank 0 writes a checkpoint
-        every `checkpoint_every` revisions."""
-        if self.local is not None and self.state.revision % self.config.local_every == 0:
-            self._save_local(active)
+        """After a commit: snapshot the state for the local copy when the save policy says so (its writer
+        hashes and publishes it while the next steps compute); rank 0 writes a checkpoint every
+        `checkpoint_every` revisions."""
+        self._collect()
+        if self.writer is not None:
+            self._commit_local(active)
         every = self.config.checkpoint_every
         if self.state.sharded and every and self.config.checkpoint_dir and self.state.revision % every == 0:
             self._checkpoint_shards(active)
@@ -210,16 +259,83 @@ class StateKeeper:
             log.error("shards of revision %d in %s failed: %s (training goes on)", self.state.revision,
                       self.config.checkpoint_dir, e)
 
-    def _save_local(self, active: ActiveGeneration) -> None:
-        """Save the local copy; a failure (a full tmpfs) is logged and training goes on with the older copy."""
-        try:
-            info = self.local.save(self.state, instance=self.instance, incarnation=self.identity[1],
-                                   generation=active.generation, epoch=self.epoch)
-        except OSError as e:
-            log.error("local copy of revision %d in %s failed: %s; a crash now would resume from the previous "
-                      "copy", self.state.revision, self.local.folder, e)
+    def settle(self) -> None:
+        """Wait for the save in flight and take in what finished (its digests enter the state's cache)."""
+        if self.writer is not None:
+            self.writer.wait()
+            self._collect()
+
+    def close(self) -> None:
+        """Let the save in flight finish, stop the writer and unmap the slots."""
+        if self.writer is not None:
+            self.writer.close()
+            self._collect()
+            self.writer = None
+        if self.local is not None:
+            self.local.close()
+
+    def _commit_local(self, active: ActiveGeneration) -> None:
+        """Mark the commit, measure the step, and take a snapshot if the save policy says so."""
+        revision, now = self.state.revision, time.monotonic()
+        self._mark(revision)
+        if self.writer is None:             # the mark could not be written: the copy is off now
             return
-        self._saved = (info.revision, info.digest)
+        if self._last_commit:
+            step = now - self._last_commit
+            self._step_s = step if not self._step_s else 0.8 * self._step_s + 0.2 * step
+        decision = decide(self.policy, revision, self.snapshotted, self.writer.busy, self._step_s,
+                          self._snapshot_s + self.writer.seconds)
+        if decision == SAVE:
+            started = time.monotonic()
+            self._snapshot(active)
+            self._snapshot_s = time.monotonic() - started
+            now = time.monotonic()          # the step time excludes the snapshot: the budget is its share
+        else:
+            self.skipped[decision] = self.skipped.get(decision, 0) + 1
+        self._last_commit = now
+
+    def _snapshot(self, active: ActiveGeneration) -> bool:
+        """Snapshot the state into the free slot and hand it to the writer; whether it was taken."""
+        try:
+            snap = self.local.snapshot(self.state, instance=self.instance, incarnation=self.identity[1],
+                                       generation=active.generation, epoch=self.epoch, stager=self.stager)
+        except OSError as e:
+            self._stop_local(self.state.revision, e)
+            return False
+        self.snapshotted = self.state.revision
+        self.writer.submit(snap)
+        return True
+
+    def _collect(self) -> None:
+        """Take in the saves the writer finished: their digests, or the error that stopped one."""
+        if self.writer is None:
+            return
+        for snap, outcome in self.writer.take():
+            if isinstance(outcome, Exception):
+                self._stop_local(int(snap.meta["revision"]), outcome)
+                continue
+            self._saved = (outcome.revision, outcome.digest)
+            for name, blocks in snap.blocks.items():
+                self.state._remember(name, snap.keys.get(name), blocks)
+
+    def _mark(self, revision: int) -> None:
+        try:
+            self.local.mark_committed(revision, self.instance, self.identity[1])
+        except OSError as e:
+            self._stop_local(revision, e)
+
+    def _stop_local(self, revision: int, error: Exception) -> None:
+        """A save failed (a full tmpfs: ENOSPC): say so, free the unfinished slot, go on without the copy."""
+        if self.writer is None:
+            return
+        kept = self.local.describe()
+        log.error("local copy of revision %d in %s failed: %s. Training goes on WITHOUT the local copy: a crash "
+                  "now resumes from %s, another member or a checkpoint. Free space there, or restart with "
+                  "--local-state-dir DIR on a filesystem with room (or --no-local-state)", revision, self.local.folder,
+                  error, f"the copy of revision {kept.revision}" if kept else "no copy,")
+        writer, self.writer = self.writer, None
+        writer.close()
+        self.local.drop_free_slot()
 
     def _candidates(self, view: JobView) -> list[tuple[CheckpointInfo, int]]:
         """(checkpoint, the epoch it counts as) for every checkpoint this process may offer."""

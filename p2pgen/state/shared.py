@@ -26,6 +26,10 @@ Invariants:
   * objects are re-pickled on every call (they are small: step, RNG state, data position). They must
     pickle deterministically (no sets of strings: their order depends on the hash seed).
 - Replacing or deleting an entry (`state.tensors[name] = t`) drops its cache entry.
+- Digests computed elsewhere from a copy of a tensor's bytes (the local copy's background writer) enter
+  the cache with the key the tensor had when its bytes were copied (`remember`), so they are used only
+  while it provably kept those bytes: the frontier digest a vote needs costs no hashing of state that did
+  not change since the last commit's snapshot.
 """
 
 from __future__ import annotations
@@ -331,6 +335,26 @@ class SharedState:
         if key is not None:
             self._cache[name] = _Cached(key, digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks),
                                         tuple(blocks))
+
+    def _cache_key(self, name: str) -> tuple | None:
+        """What proves tensor `name` unchanged later (object, data address, `_version`, revision); None for a
+        numpy array, which has no change counter. Taken when its bytes are copied for hashing elsewhere."""
+        return self._key(self.tensors[name])
+
+    def _cached_blocks(self, name: str) -> tuple[int, ...] | None:
+        """The block digests of tensor `name` if its cache entry is still valid (nothing to hash), else None."""
+        return (cached.blocks if (cached := self._cached(name, self.tensors[name])[1]) is not None else None)
+
+    def _remember(self, name: str, key: tuple | None, blocks: tuple[int, ...]) -> bool:
+        """Cache the block digests someone computed from tensor `name`'s bytes when its key was `key` (the
+        local copy's writer, hashing its snapshot): used only while the tensor still has that key, and never
+        over a valid entry. Returns whether they were cached."""
+        value = self.tensors.get(name)
+        if value is None or key is None or self._key(value) != key or self._cached(name, value)[1] is not None:
+            return False
+        self._cache[name] = _Cached(key, digest_of_blocks(tz.dtype_name(value), tz.shape(value), blocks),
+                                    tuple(blocks))
+        return True
 
     def _load_objects(self, raw: bytes) -> None:
         """Replace the objects with the unpickled `raw` (from an authenticated member only: it is pickle)."""

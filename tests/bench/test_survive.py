@@ -47,3 +47,21 @@ def test_the_copies_section_runs_through_the_cli(tmp_path, capsys):
 def test_bad_arguments_are_refused_with_a_reason():
     with pytest.raises(SystemExit, match="--churn-members >= 3"):
         cli.main(["bench", "survive", "--churn-members", "2"])
+
+
+def test_the_overhead_rate_counts_one_members_commits_in_the_window_and_the_copy_lag():
+    events = [{"event": "commit", "peer": "s0", "t": 10.0 + i * 0.5, "revision": i, "snapshot": i - i % 2}
+              for i in range(1, 9)] + [{"event": "commit", "peer": "s1", "t": 11.0, "revision": 3, "snapshot": 0}]
+    rate, taken, lag = survive._rate(events, "s0", 10.5, 13.5)           # revisions 1..7
+    assert rate == pytest.approx(2.0) and taken == pytest.approx(3 / 7) and lag == pytest.approx(4 / 7)
+    assert survive._rate(events, "s0", 0.0, 1.0) == (0.0, 0.0, 0.0)     # fewer than two commits: no rate
+
+
+def test_the_vote_digest_with_the_copy_costs_less_than_a_rehash():
+    row = survive.digest_cost(8, 1)
+    assert row["digest_rehash_s"] > row["digest_with_copy_s"] >= 0 and row["save_s"] > 0
+
+
+def test_a_bad_state_size_is_refused_with_a_reason():
+    with pytest.raises(SystemExit, match="--state-mb"):
+        cli.main(["bench", "survive", "--only", "overhead", "--state-mb", "0"])

@@ -160,7 +160,8 @@ def test_rank_zero_writes_every_n_revisions_and_everyone_saves_the_local_copy(tm
     cert = active(4, 0, "", members=(Member("a", 2),))
     states = {rank: at(0) for rank in (0, 1)}
     keepers = {rank: StateKeeper(StateKeeperConfig(local_dir=str(tmp_path / f"local{rank}"),
-                                                   checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3),
+                                                   checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3,
+                                                   local_budget=1e9),
                                  states[rank], "job", (f"p{rank}", 1)) for rank in (0, 1)}
     for k in keepers.values():
         k.vote_fields(job_state())
@@ -168,6 +169,7 @@ def test_rank_zero_writes_every_n_revisions_and_everyone_saves_the_local_copy(tm
         for rank, k in keepers.items():
             states[rank]._commit()
             k.committed(cert, rank)
+            k.settle()                # the background save finishes before the next commit
     assert [c.revision for c in list_checkpoints(tmp_path / "ckpt")] == [6, 3]
     assert all(k.local.describe().revision == 7 for k in keepers.values())
 
@@ -187,12 +189,14 @@ def test_restore_uses_a_copy_of_this_run_and_branch_only(tmp_path):
 
 def test_the_local_copy_every_n_commits_is_also_saved_at_each_activation(tmp_path):
     state = at(0)
-    keeper = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path), local_every=3), state, "job", ("a", 1))
+    config = StateKeeperConfig(local_dir=str(tmp_path), local_every=3, local_budget=1e9)
+    keeper = StateKeeper(config, state, "job", ("a", 1))
     keeper.vote_fields(job_state())
     cert = active(2, 0, "")
     for _ in range(7):
         state._commit()
         keeper.committed(cert, 1)
+        keeper.settle()
     assert keeper.local.describe().revision == 6
     keeper.activated(active(3, 7, state.digest()))
     assert keeper.local.describe().revision == 7          # the certified revision is always in the copy
