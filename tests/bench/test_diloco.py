@@ -55,3 +55,38 @@ def test_bad_options_are_refused_before_anything_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "p2pgen", "bench", "diloco", "--sync-every", "0"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "--sync-every >= 1" in out.stderr
+
+
+def _replica(committed: bool, healed: bool, step: int, error: Exception | None = None):
+    from types import SimpleNamespace
+
+    manager = SimpleNamespace(current_step=lambda: step,
+                              errored=lambda: None if error is None else SimpleNamespace(original_exception=error))
+    return SimpleNamespace(manager=manager, committed=committed, healed=healed, model=diloco_task.mlp(1))
+
+
+def test_the_torchft_replica_logs_a_reset_for_every_outer_step_torchft_threw_away(tmp_path) -> None:
+    app = pytest.importorskip("p2pgen.bench.apps.torchft_diloco", exc_type=ImportError)
+    log = diloco_task.Log(str(tmp_path / "m1.jsonl"))
+    loss = diloco_task.eval_loss(diloco_task.mlp(1))
+    assert not app._after_sync(_replica(False, False, 3, RuntimeError("peer closed")), log, 150, 1.0)
+    assert app._after_sync(_replica(True, True, 7), log, 200, loss)
+    assert not app._after_sync(_replica(True, False, 8), log, 250, loss / 2)
+    events = [{k: v for k, v in e.items() if k != "t"} for e in diloco.read_log(tmp_path / "m1.jsonl")]
+    assert events == [{"event": "reset", "kind": "sync failed", "outer": 3, "error": "peer closed"},
+                      {"event": "reset", "kind": "healed", "outer": 7, "error": None},
+                      {"event": "eval", "steps": 200, "outer": 7, "loss": loss},
+                      {"event": "eval", "steps": 250, "outer": 8, "loss": loss}]
+
+
+def test_the_torchft_checkpoint_transport_advertises_the_hosts_address() -> None:
+    from datetime import timedelta
+
+    app = pytest.importorskip("p2pgen.bench.apps.torchft_diloco", exc_type=ImportError)
+    transport = app.HostTransport("10.9.8.7", timedelta(seconds=5))
+    try:
+        url = transport.metadata()
+        assert url.startswith("http://10.9.8.7:") and url.endswith("/checkpoint/")
+        assert int(url.split(":")[2].split("/")[0]) == int(transport.address().split(":")[2].split("/")[0])
+    finally:
+        transport.shutdown()
