@@ -335,8 +335,9 @@ def _add_diloco(sub: argparse._SubParsersAction) -> None:
                    help="run only the rows whose label contains one of these words (ddp, synchronous, H=50, "
                         "int8, ...); speed-ups are against the first row run")
     p.add_argument("--faults-every", type=float, default=0.0, metavar="S",
-                   help="also: DiLoCo (the first H) for --fault-seconds, fault-free and with a host killed "
-                        "every S seconds (restarted after 1 s): the steps kept")
+                   help="also: DiLoCo (the first H; p2pgen's, and torchft's when installed; --only picks "
+                        "among them too) for --fault-seconds, fault-free and with a host killed every S "
+                        "seconds (restarted after 1 s): the steps kept")
     p.add_argument("--fault-seconds", type=float, default=90.0)
     p.add_argument("--workdir", default=None, help="where the logs go (default: a temporary folder)")
     p.add_argument("--plot", metavar="FILE.png", help="also draw loss against wall time per configuration")
@@ -355,30 +356,45 @@ def _run_diloco(args: argparse.Namespace) -> int:
         raise SystemExit("p2pgen bench diloco: --hosts must be >= 2, --sync-every >= 1, --max-seconds > 0")
     hosts = _cluster("diloco", argparse.Namespace(hosts=args.hosts, rate=args.rate, topology=None))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="p2pgen-diloco-"))
-    rows = diloco.configs(args.sync_every, args.compress)
+    skipped = diloco.torchft_skipped()
+    rows = diloco.configs(args.sync_every, args.compress, torchft=skipped is None)
+    fault_rows = diloco.fault_configs(args.sync_every[0], torchft=skipped is None) if args.faults_every else []
     if args.only:
-        rows = [r for r in rows if any(w.lower() in r.label.lower() for w in args.only)]
-    results, faults = [], None
+        rows, fault_rows = ([r for r in chosen if any(w.lower() in r.label.lower() for w in args.only)]
+                            for chosen in (rows, fault_rows))
+    if skipped:
+        print(skipped, file=sys.stderr)
+    results, faults, torchft_faults = [], None, None
     try:
         hosts.create()
         for i, config in enumerate(rows):
             print(f"running {config.label} ...", file=sys.stderr)
             results.append(diloco.run_config(hosts, config, workdir / f"row{i}", args.target_loss,
                                              args.max_seconds))
-        if args.faults_every:
-            config = diloco.Config(f"p2pgen DiLoCo H={args.sync_every[0]}", "diloco", args.sync_every[0])
-            faults = tuple(diloco.run_config(hosts, config, workdir / name, 0.0, args.fault_seconds, every)
-                           for name, every in (("clean", 0.0), ("faults", args.faults_every)))
+        for config in fault_rows:
+            print(f"running {config.label}, fault-free and faulty ...", file=sys.stderr)
+            pair = tuple(diloco.run_config(hosts, config, workdir / f"{config.mode}-{name}", 0.0,
+                                           args.fault_seconds, every)
+                         for name, every in (("clean", 0.0), ("faults", args.faults_every)))
+            if config.mode == "torchft":
+                torchft_faults = pair
+            else:
+                faults = pair
     finally:
         hosts.remove()
     if args.json:
-        print(diloco.to_json(results, faults))
+        print(diloco.to_json(results, faults, torchft_faults))
         return 0
     if results:
         print(diloco.format_results(results, args.target_loss, hosts.describe()))
     if faults:
         print()
         print(diloco.format_faults(*faults, args.faults_every, args.fault_seconds))
+    if torchft_faults:
+        print()
+        print(diloco.format_torchft_faults(*torchft_faults, args.faults_every, args.fault_seconds))
+    if skipped:
+        print(skipped)
     if plots is not None:
         plots.plot_diloco(results, args.target_loss, f"{args.hosts} hosts, every link {args.rate}", args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
