@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -170,20 +171,9 @@ def _run_p2pgen(hosts: EmulatedCluster, config: Config, workdir: Path, logs: lis
     try:
         for i in range(len(logs)):
             start(i, True)
-        rng, next_fault = random.Random(seed), None
-
-        def fault() -> None:
-            nonlocal next_fault
-            next_fault = next_fault or time.monotonic() + faults_every
-            if time.monotonic() >= next_fault:
-                victim = rng.randrange(1, len(logs))          # host 0 keeps the log the row is read from
-                _kill_host(cluster, peers[victim])
-                time.sleep(1.0)
-                start(victim, False)
-                next_fault += faults_every
-
         _wait_run(logs[0], lambda: any(a.alive() for a in cluster.agents.values()), max_seconds,
-                  fault if faults_every else None)
+                  _fault_schedule(len(logs), faults_every, seed, lambda i: _kill_host(cluster, peers[i]),
+                                  lambda i: start(i, False)) if faults_every else None)
     finally:
         cluster.stop_all()
 
@@ -230,7 +220,8 @@ def _lighthouse_binary() -> str:
     return shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
 
 
-def _fault_schedule(n: int, faults_every: float, seed: int, kill, start):
+def _fault_schedule(n: int, faults_every: float, seed: int, kill: Callable[[int], None],
+                    start: Callable[[int], None]) -> Callable[[], None]:
     """A `during` for `_wait_run`: every `faults_every` s, `kill(i)` a random host i >= 1 (host 0 keeps the log
     the row is read from), then one second later `start(i)`."""
     rng, next_fault = random.Random(seed), None

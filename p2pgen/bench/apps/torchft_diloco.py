@@ -128,7 +128,8 @@ def _after_sync(replica: Replica, log: Log, steps: int, target: float) -> bool:
         log.write("reset", kind="healed", outer=outer, error=None)
     if not replica.committed:
         error = replica.manager.errored()
-        log.write("reset", kind="sync failed", outer=outer, error=None if error is None else str(error.original_exception))
+        why = None if error is None else str(error.original_exception)
+        log.write("reset", kind="sync failed", outer=outer, error=why)
         return False
     loss = eval_loss(replica.model)
     log.write("eval", steps=steps, outer=outer, loss=loss)
