@@ -1,7 +1,8 @@
 """Link probes: how fast this agent's host reaches the other hosts of the job, measured briefly and reported.
 
-Owns: `measure` (Mbit/s to one agent: the fastest of a few `probe` requests of 1-8 MiB over the authenticated
-control connection, which runs between the hosts' own addresses, the data plane's too) and `LinkProber`, the
+Owns: `measure` (Mbit/s to one agent: the fastest of a few `probe` requests of 64 KiB-8 MiB, as large as the
+link needs for a request to last MIN_ROUND_S, over the authenticated control connection, which runs between the
+hosts' own addresses, the data plane's too) and `LinkProber`, the
 agent's thread that, whenever a generation is active, measures every host of it this host has no rate to yet
 (core.topology.unmeasured) and submits the rates as one `Links` command, so that every agent holds the same
 matrix from the Raft log and the next rank maps follow it.
@@ -26,7 +27,7 @@ from p2pgen.errors import P2PGenError
 
 log = logging.getLogger(__name__)
 
-PROBE_BYTES = 1 << 20          # a request's first payload; doubled while one takes under MIN_ROUND_S
+PROBE_BYTES = 64 << 10         # a request's first payload; doubled while one takes under MIN_ROUND_S
 MAX_PROBE_BYTES = 8 << 20      # ... up to this (the control RPC's frames stop at 16 MiB)
 MIN_ROUND_S = 0.02             # a shorter request says more about the hosts' CPUs than about the link
 ROUNDS = 5                     # the fastest of these counts: contention only ever slows a request down
