@@ -68,6 +68,7 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 class Log:
     def __init__(self, path: str) -> None:
         self.file = open(path, "a", buffering=1)
+        self.started = False
 
     def write(self, event: str, **fields) -> None:
         self.file.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
@@ -94,6 +95,14 @@ def run_ddp(args: argparse.Namespace, log: Log) -> None:
     dist.destroy_process_group()
 
 
+def _started(log: Log, step) -> None:
+    """Log "start" at the first step of this process in the job's first generation: every member is there
+    (the agents wait for --min-members), as DDP's init_process_group and torchft's wait for every replica."""
+    if step.revision == 0 and not log.started:
+        log.write("start")
+    log.started = True
+
+
 def _done(log: Log, model: torch.nn.Module, steps: int, outer: int, args: argparse.Namespace) -> bool:
     loss = eval_loss(model)
     log.write("eval", steps=steps, outer=outer, loss=loss)
@@ -110,9 +119,9 @@ def run_sync(args: argparse.Namespace, log: Log) -> None:
     state = p2pgen.SharedState(tensors=p2pgen.torch.shared_tensors(model, opt))
     peer = p2pgen.join(state=state)
     params = [p for p in model.parameters()]
-    log.write("start")
     stop = False
     for step in peer.steps():
+        _started(log, step)
         if stop:
             break
         with step:
@@ -162,7 +171,6 @@ def run_diloco(args: argparse.Namespace, log: Log) -> None:
     state = p2pgen.SharedState(tensors=diloco.tensors())
     peer = p2pgen.join(state=state)
     global_model = mlp(1)
-    log.write("start")
     stop = False
 
     def inner(b) -> torch.Tensor:
@@ -170,6 +178,7 @@ def run_diloco(args: argparse.Namespace, log: Log) -> None:
         return loss_of(model, x, y)
 
     for step in peer.steps():
+        _started(log, step)
         if stop:
             break
         with step:
