@@ -382,6 +382,9 @@ def _run_diloco(args: argparse.Namespace) -> int:
                 faults = pair
     finally:
         hosts.remove()
+    if plots is not None:
+        plots.plot_diloco(results, args.target_loss, f"{args.hosts} hosts, every link {args.rate}", args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         print(diloco.to_json(results, faults, torchft_faults))
         return 0
@@ -395,8 +398,5 @@ def _run_diloco(args: argparse.Namespace) -> int:
         print(diloco.format_torchft_faults(*torchft_faults, args.faults_every, args.fault_seconds))
     if skipped:
         print(skipped)
-    if plots is not None:
-        plots.plot_diloco(results, args.target_loss, f"{args.hosts} hosts, every link {args.rate}", args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
     print(f"logs: {workdir}", file=sys.stderr)
     return 0

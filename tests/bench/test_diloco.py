@@ -126,3 +126,31 @@ def test_the_torchft_checkpoint_transport_advertises_the_hosts_address() -> None
         assert int(url.split(":")[2].split("/")[0]) == int(transport.address().split(":")[2].split("/")[0])
     finally:
         transport.shutdown()
+
+
+class _NoHosts:
+    """Stands in for the emulated cluster: nothing to create or remove."""
+
+    def create(self) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "no hosts"
+
+
+def test_json_output_still_draws_the_plot(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    from p2pgen import cli
+    from p2pgen.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_cluster", lambda command, args: _NoHosts())
+    monkeypatch.setattr(diloco, "run_config", lambda hosts, config, workdir, target, seconds, every=0.0:
+                        diloco.Result(config.label, True, 2.0, 1.0, 0.002, 1, 1, [(1.0, 0.003), (2.0, 0.002)]))
+    plot = tmp_path / "loss.png"
+    assert cli.main(["bench", "diloco", "--only", "ddp", "--json", "--plot", str(plot),
+                     "--workdir", str(tmp_path / "logs")]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["label"] == "DDP, gloo"
+    assert plot.stat().st_size > 0
