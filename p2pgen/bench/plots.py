@@ -111,11 +111,15 @@ def _membership_panel(ax: Any, summary: dict[str, dict[str, float]]) -> None:
 
 
 def plot_diloco(results: list[Any], target: float, where: str, path: str) -> None:
-    """Loss against wall time, one line per configuration (synchronous DDP on gloo first), the target dashed."""
+    """Loss against wall time, one line per configuration (synchronous DDP on gloo first; a colour each, dashed
+    when compressed, dotted for torchft's), the target a grey dashed line."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in results:
+    colors = plt.get_cmap("tab20").colors
+    for i, r in enumerate(results):
         if r.curve:
-            ax.plot([t for t, _ in r.curve], [loss for _, loss in r.curve], marker=".", label=r.label)
+            style = ":" if "torchft" in r.label else "--" if r.label.endswith(("int8", "bf16")) else "-"
+            ax.plot([t for t, _ in r.curve], [loss for _, loss in r.curve], marker=".", linestyle=style,
+                    color=colors[(2 * i) % 20 + (2 * i) // 20 % 2], label=r.label)
     ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g}")
     ax.set_yscale("log")
     ax.set_xlabel("seconds since the start")
