@@ -4,13 +4,21 @@ Owns the rule that keeps the local copy off the critical path. A save has two pa
 copy of the committed bytes into the free slot, or an enqueued device-to-host copy), paid by the step
 that commits, and the rest (hashing the snapshot, publishing the pointer), done by the background
 writer while the next steps compute. A commit takes a snapshot only when the writer is free (the step
-never waits for it) and when the last save's cost (the snapshot's block plus the writer's work, counted
-as the steps' own: on a host without a spare core it is), spread over the steps since the last
-snapshot, stays within the budget (a fraction of the step time); at most `max_lag` revisions after the last snapshot
-it takes one whatever the budget says, if the writer is free.
+never waits for it), and only at revisions that are multiples of a *period*: the smallest `every` times
+a power of two of revisions over which the last save's cost (the snapshot's block plus the writer's work, counted as
+the steps' own: on a host without a spare core it is) stays within the budget (a fraction of the step
+time). At most `max_lag` revisions after the last snapshot it takes one whatever the budget says, if
+the writer is free.
+
+Why multiples of a power of two: the members of a generation step in lock-step (every step waits on its collectives),
+so a save that slows one member slows the whole step. Saves at revisions chosen by each member alone
+would each cost the job a slow step, N members N times the budget; at multiples of a power of two, the
+members with the same figures save in the same steps and pay once, and a member whose saves cost more
+saves at a subset of the revisions of one whose cost less (the periods divide each other).
 
 Invariant: the decision depends only on its arguments (no clock, no I/O), so the same numbers give the
-same answer; the lag it allows is bounded by `max_lag` plus the revisions one background save spans.
+same answer on every member; the lag it allows is bounded by `max_lag` plus the revisions one
+background save spans.
 """
 
 from __future__ import annotations
@@ -48,13 +56,34 @@ def decide(policy: SavePolicy, revision: int, snapshotted: int, writer_busy: boo
 
     Returns:
         SAVE; CADENCE (fewer than `every` revisions since the last snapshot); BUSY (the writer is not
-        free: the step does not wait for it); BUDGET (the save would cost more than the budget allows).
+        free: the step does not wait for it); BUDGET (not a revision of the period `save_period` gives,
+        or less than half a period since the last snapshot).
     """
     since = revision - snapshotted
     if since < policy.every:
         return CADENCE
     if writer_busy:
         return BUSY
-    if since >= policy.max_lag or save_s <= policy.budget * since * step_s:
+    if since >= policy.max_lag:
+        return SAVE
+    period = save_period(policy, step_s, save_s)
+    if period <= policy.max_lag and revision % period == 0 and 2 * since >= period:
         return SAVE
     return BUDGET
+
+
+def save_period(policy: SavePolicy, step_s: float, save_s: float) -> int:
+    """The revisions between two snapshots: the smallest `policy.every` times a power of two over which a
+    save costing `save_s` stays within `policy.budget` of steps of `step_s` seconds (`every` while nothing
+    is measured).
+
+    Args:
+        policy: the cadence and the budget.
+        step_s: the mean seconds per step lately (0: not measured yet).
+        save_s: the seconds the last save cost (0: none yet).
+    """
+    period = policy.every
+    needed = save_s / (policy.budget * step_s) if step_s > 0 and save_s > 0 else 0.0
+    while period < needed:
+        period *= 2
+    return period
