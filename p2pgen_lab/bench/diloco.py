@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from p2pgen.agent.supervisor import die_with_parent
+from p2pgen.agent import launch
 from p2pgen_lab.bench.peers import kill_tree, torchft_missing
 from p2pgen_lab.bench.table import aligned
 from p2pgen_lab.rigs.agents import Cluster
@@ -207,11 +207,8 @@ def _run_torchft(hosts: EmulatedCluster, config: Config, workdir: Path, logs: li
 
 def _spawn(cmd: list[str], log: Path, started: list[subprocess.Popen]) -> subprocess.Popen:
     """Start `cmd` as the leader of its own process group (so `kill_tree` takes it whole), dying with us."""
-    runner = os.getpid()
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "GLOO_SOCKET_IFNAME": "eth0"},
-                                preexec_fn=lambda: die_with_parent(signal.SIGKILL, runner))
+        proc = launch.spawn(cmd, out, subprocess.STDOUT, env={**os.environ, "GLOO_SOCKET_IFNAME": "eth0"})
     started.append(proc)
     return proc
 

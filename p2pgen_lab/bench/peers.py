@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from p2pgen.agent.supervisor import die_with_parent
+from p2pgen.agent import launch
 from p2pgen_lab.rigs.agents import free_control_ports
 
 PEERS = ("p0", "p1", "p2")
@@ -133,11 +133,8 @@ class Deployment:
 
     def _spawn(self, cmd: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log = self.workdir / f"{log_name}-{len(self.started)}.log"
-        runner = os.getpid()
         with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, **(env or {})},
-                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL, runner))
+            proc = launch.spawn(cmd, out, subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.started.append((proc, log))
         return proc
 

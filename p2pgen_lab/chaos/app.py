@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from p2pgen.agent.client import AgentClient
-from p2pgen.core.voters import majority_up
+from p2pgen.agent.faultplan import voters_outlive
 from p2pgen.errors import P2PGenError
 from p2pgen.peer import Peer
 from p2pgen.state import SharedState, wire
@@ -291,15 +291,6 @@ class Injector:
 
 def _own_agent() -> str:
     return os.environ["P2PGEN_AGENT"]
-
-
-def voters_outlive(raft: dict, victims: set[str], is_up: Callable[[dict], bool]) -> bool:
-    """Whether the voters of `raft` (a `show` view) that are up, less those whose agents are `victims`, are still
-    a majority of the voters (True when the view does not say who votes)."""
-    if "voters" not in raft:
-        return True
-    voters = raft["voters"]
-    return majority_up(len(voters), sum(v["agent"] in victims or not is_up(v) for v in voters))
 
 
 def _wipe_local_copy() -> None:

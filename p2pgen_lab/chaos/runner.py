@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pgen import faults
+from p2pgen.agent import launch
 from p2pgen.agent.client import AgentClient
 from p2pgen.errors import P2PGenError
 from p2pgen.raft import checker as raft_checker
@@ -195,11 +196,7 @@ class _Harness:
             if agent.alive():
                 self.stopped.add(peer_id)
                 self.notes.append(f"stopped {peer_id}: still up {END_GRACE_S:.0f} s after a member finished")
-                try:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                agent.proc.wait(10)
+                launch.kill_group(agent.proc, wait_s=10)
 
     def _live_addrs(self) -> list[str]:
         return [a.addr for a in self.cluster.agents.values() if a.alive()]

@@ -1,8 +1,11 @@
 """Seeded fault schedules: which fault, at which named point, in which peer, from which revision.
 
 A schedule is policy-independent: the same list runs under every policy, so the policies are compared on
-identical faults. `generate(seed, n)` is a pure function of its arguments (one `random.Random` per
-schedule, seeded from (seed, index)), so `p2pgen chaos --seed S` replays exactly the same injections.
+identical faults. That is why it is drawn before the run, not by the runtime planner as the job goes
+(`p2pgen.agent.faultplan`, which `join --local --chaos` and the stress plan use); the planner's minority rule is
+kept at injection time instead, by the application (`voters_outlive`, before every agent kill).
+`generate(seed, n)` is a pure function of its arguments (one `random.Random` per schedule, seeded from
+(seed, index)), so `p2pgen chaos --seed S` replays exactly the same injections.
 
 Injection points (see `app.py` for where each one sits in the step):
 - step points, in order: before_allreduce, mid_allreduce (after the member posted frame k of the first

@@ -2,25 +2,24 @@
 
 Owns: port allocation below 32768, starting `p2pgen join` processes (inside their host when the `Cluster` has
 emulated hosts: `p2pgen_lab.rigs.netns`), and stopping every process a test started, by pid (never by name),
-including the applications the agents supervise.
+including the applications the agents supervise. Agents are started and killed through the runtime's launcher,
+`p2pgen.agent.launch`, the one `p2pgen join --local` uses.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from p2pgen.agent import launch
 from p2pgen.agent.agent import PORTS_PER_AGENT
 from p2pgen.agent.client import AgentClient
-from p2pgen.agent.supervisor import die_with_parent
 
 if TYPE_CHECKING:
     from p2pgen_lab.rigs.netns import EmulatedCluster
@@ -140,18 +139,11 @@ class Cluster:
         if self.hosts is not None and not prefix:
             prefix = self.hosts.prefix(self.hosts.host_of(addr))
         log = self.tmp / f"{peer_id.replace('/', '_')}-{len(self.agents)}.log"
-        cmd = [*prefix, sys.executable, "-m", "p2pgen", "-v", "join", "--job", self.job, "--id", peer_id,
-               "--listen", addr, "--secret-file", str(secret_file or self.secret_file),
-               "--local-state-dir", str(self.tmp / "local-state"),
-               *self.detect, *extra]
-        cmd += [f"--peer={p}" for p in peers]
-        if command:
-            cmd += ["--", *command]
-        runner = os.getpid()
+        options = ("--secret-file", str(secret_file or self.secret_file), "--local-state-dir",
+                   str(self.tmp / "local-state"), *self.detect, *extra)
+        cmd = launch.join_command(self.job, peer_id, addr, peers, options, command, prefix, verbose=True)
         with open(log, "ab") as out:     # the agent dies with this process, even if it is SIGKILLed
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, **env} if env else None,
-                                    preexec_fn=lambda: die_with_parent(signal.SIGKILL, runner))
+            proc = launch.spawn(cmd, out, subprocess.STDOUT, env={**os.environ, **env} if env else None)
         agent = AgentProc(peer_id, addr, proc, log)
         self.agents[peer_id] = agent
         self.started.append(agent)
@@ -192,11 +184,7 @@ class Cluster:
         """SIGKILL every agent this test started, and their applications' process groups, by pid."""
         for agent in self.started:
             if agent.alive():
-                try:
-                    os.killpg(agent.pid, signal.SIGKILL)   # the agent leads its own session/group
-                except ProcessLookupError:
-                    pass
-            agent.proc.wait(10)
+                launch.kill_group(agent.proc, wait_s=10)   # the agent leads its own session/group
 
 
 def pid_alive(pid: int) -> bool:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pgen import faults
+from p2pgen.agent import launch
 from p2pgen.agent.client import AgentClient
 from p2pgen.errors import P2PGenError
 from p2pgen.progress import ENV as PROGRESS_ENV
@@ -389,11 +390,7 @@ class Harness:
     def _kill_agent(self, slot: Slot, replace_after: float) -> None:
         if slot.state == "stopped":
             self._signal(slot, signal.SIGCONT)
-        try:
-            os.killpg(slot.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        slot.proc.proc.wait()
+        launch.kill_group(slot.proc.proc)
         slot.state, slot.node, slot.app_pid, slot.cont_at = "down", None, None, None
         slot.replace_at = time.monotonic() + replace_after
 

@@ -23,10 +23,11 @@ Only when every agent runs in its own emulated host (`World.hosts`; `p2pgen stre
 - `zone_partition`: the largest minority the rule allows (at least two hosts) loses its routes to the other
   hosts, both ways, for HEAL_S; inside each side traffic flows.
 One network fault (partition, host cut or zone partition) at a time; its cut agents count as down until it heals.
-Minority rule (`quorum_safe`): an action that takes agents down (kill_agent, kill_two, pause, leave, partition)
-is possible only if, counting the voters already down, at most a minority of the voters is down after
-it: down <= (voters - 1) // 2. Down means killed and not yet removed from the voters, stopped, or
-leaving. An application kill never takes a voter down.
+Minority rule (`quorum_safe`, over the runtime planner's `p2pgen.agent.faultplan.keeps_quorum`, the rule
+`join --local --chaos` and chaos's applications keep too; the weighted pick is the planner's as well): an action
+that takes agents down (kill_agent, kill_two, pause, leave, partition) is possible only if, counting the voters
+already down, at most a minority of the voters is down after it: down <= (voters - 1) // 2. Down means killed
+and not yet removed from the voters, stopped, or leaving. An application kill never takes a voter down.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from p2pgen.core.voters import majority_up
+from p2pgen.agent.faultplan import keeps_quorum, pick_weighted
+from p2pgen.core.voters import majority_up as majority_up  # the harness's majority timeline reads it here
 
 KINDS: dict[str, int] = {"kill_app": 3, "kill_agent": 2, "kill_two": 1, "pause": 2, "join": 1, "leave": 1,
                          "partition": 2, "host_cut": 2, "zone_partition": 1}
@@ -138,7 +140,7 @@ def next_delay(rng: random.Random) -> float:
 
 def quorum_safe(world: World, targets: list[Agent]) -> bool:
     """Taking `targets` down leaves at most a minority of the voters down."""
-    return majority_up(world.voters, world.voters_down + sum(1 for a in targets if a.voter and a.up))
+    return keeps_quorum(world.voters, world.voters_down, sum(1 for a in targets if a.voter and a.up))
 
 
 def choose(rng: random.Random, world: World, new_peer: str = "", kinds: tuple[str, ...] = ()) -> Action:
@@ -148,7 +150,7 @@ def choose(rng: random.Random, world: World, new_peer: str = "", kinds: tuple[st
     if not options:
         return Action("none", skipped="no action keeps a majority of the voters up")
     kinds = [k for k in KINDS if k in options]
-    kind = _pick_weighted(kinds, [KINDS[k] for k in kinds], d.kind)
+    kind = pick_weighted(kinds, [KINDS[k] for k in kinds], d.kind)
     candidates = options[kind]
     if kind == "join":
         return Action("join", (new_peer,))
@@ -203,15 +205,6 @@ def _minorities(world: World) -> list[tuple[Agent, ...]]:
     ones = [(a,) for a in up if quorum_safe(world, [a]) and len(up) > 2]
     twos = [(a, b) for i, a in enumerate(up) for b in up[i + 1:] if quorum_safe(world, [a, b]) and len(up) > 4]
     return ones + twos
-
-
-def _pick_weighted(kinds: list[str], weights: list[int], u: float) -> str:
-    total, acc = sum(weights), 0.0
-    for kind, w in zip(kinds, weights):
-        acc += w / total
-        if u < acc:
-            return kind
-    return kinds[-1]
 
 
 @dataclass
