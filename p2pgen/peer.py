@@ -1044,7 +1044,7 @@ def join(job: str | None = None, state: SharedState | None = None, *, trace: str
                 backend=env.get("P2PGEN_BACKEND", "tcp"), channel_addr=env.get("P2PGEN_CHANNEL_ADDR"),
                 channel_dir=env.get("P2PGEN_CHANNEL_DIR"), keep=StateKeeperConfig.from_env(env),
                 encrypt=encrypt)
-    # where this incarnation's start went (p2pgen.bench.heal): process start, imports done, promoted, attached
+    # where this incarnation's start went (p2pgen_lab.bench.heal): process start, imports done, promoted, attached
     peer._trace.record("joined", process_start=_process_start(), join_called=called, promoted=promoted,
                       standby=standby is not None)
     return peer

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the tables (text + JSON) and figures of sims/README.md (a few minutes on one core).
 # Costs are the measured ones of sims/recovery-measured.json (`p2pgen bench recovery --json`); RECOVERY=PATH
-# takes another measurement, RECOVERY= (empty) the assumed figures of p2pgen/simulator/costs.py.
+# takes another measurement, RECOVERY= (empty) the assumed figures of p2pgen_lab/simulator/costs.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

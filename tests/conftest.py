@@ -1,6 +1,6 @@
 import pytest
 
-from p2pgen.testing.agents import Cluster
+from p2pgen_lab.rigs.agents import Cluster
 
 
 @pytest.fixture

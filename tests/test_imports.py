@@ -1,18 +1,21 @@
 """The package imports lazily: the pure layers load without the data plane, every public name resolves, the
-public surface is what an application uses (and is documented), and the runtime imports nothing from the lab
-(bench, chaos, stress, simulator, testing)."""
+public surface is what an application uses (and is documented), and the runtime (everything in `p2pgen/`)
+imports nothing from the lab (`p2pgen_lab`), whose commands reach the command line through entry points."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import subprocess
 import sys
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
 import p2pgen
+from p2pgen import cli
 from p2pgen.peer import Peer
 from p2pgen.state import SharedState
 
@@ -20,20 +23,14 @@ pytestmark = pytest.mark.timeout(60)
 
 HEAVY = ("numpy", "msgpack", "p2pgen.transport", "p2pgen.collectives", "torch")
 PACKAGE = Path(p2pgen.__file__).parent
-LAB = ("bench", "chaos", "stress", "simulator", "testing")
-LAB_NAME = re.compile(rf"p2pgen\.({'|'.join(LAB)})(\.\w+)*")
-# The one runtime module allowed to name the lab: the command line registers the lab's subcommands from the
-# module names in its COMMAND_MODULES (strings, imported only to run one of their commands or to list them all;
-# the test below shows a runtime command loads none).
-NAMES_THE_LAB = {"cli.py"}
-
-
-def _runtime_files() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in LAB)
+LAB = "p2pgen_lab"
+LAB_NAME = re.compile(rf"{LAB}(\.\w+)*")
+LAB_COMMANDS = {"bench", "sim", "chaos", "stress", "check-traces"}
+TESTING_DOUBLES = {"__init__.py", "cluster.py", "conformance.py", "fake_nccl.py", "ports.py"}
 
 
 def _is_lab(module: str) -> bool:
-    return any(module == f"p2pgen.{lab}" or module.startswith(f"p2pgen.{lab}.") for lab in LAB)
+    return module == LAB or module.startswith(f"{LAB}.")
 
 
 def _absolute(path: Path, node: ast.ImportFrom) -> str:
@@ -53,34 +50,65 @@ def _imported(path: Path, node: ast.AST) -> list[str]:
         module = _absolute(path, node)
         return [module] + [f"{module}.{a.name}" for a in node.names]
     if isinstance(node, ast.Constant) and isinstance(node.value, str) and LAB_NAME.fullmatch(node.value):
-        return [] if path.relative_to(PACKAGE).as_posix() in NAMES_THE_LAB else [node.value]   # import_module(...)
+        return [node.value]   # import_module(...)
     return []
 
 
+def _lab_imports(path: Path, source: str) -> list[str]:
+    """`FILE:LINE: imports MODULE` for every lab module `source` (the text of `path`, in the runtime) imports."""
+    return [f"{path.relative_to(PACKAGE.parent).as_posix()}:{node.lineno}: imports {module}"
+            for node in ast.walk(ast.parse(source, str(path))) for module in _imported(path, node) if _is_lab(module)]
+
+
 def test_the_runtime_imports_nothing_from_the_lab() -> None:
-    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports {module}"
-             for path in _runtime_files() for node in ast.walk(ast.parse(path.read_text(), str(path)))
-             for module in _imported(path, node) if _is_lab(module)]
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) for line in _lab_imports(path, path.read_text())]
     assert not found, "the runtime must not import the lab (move what it needs into the runtime):\n" + \
         "\n".join(found)
 
 
-def test_the_scan_sees_every_kind_of_lab_import(tmp_path: Path) -> None:
-    source = ("import p2pgen.stress.plan\nfrom p2pgen import chaos\nfrom ..bench import cli\n"
-              "importlib.import_module('p2pgen.simulator')\nfrom p2pgen.state import SharedState\n")
-    path = PACKAGE / "agent" / "example.py"
-    modules = [m for node in ast.walk(ast.parse(source)) for m in _imported(path, node) if _is_lab(m)]
-    assert sorted(modules) == ["p2pgen.bench", "p2pgen.bench.cli", "p2pgen.chaos", "p2pgen.simulator",
-                               "p2pgen.stress.plan"]
+def test_the_scan_names_the_file_and_line_of_every_kind_of_lab_import() -> None:
+    source = ("import p2pgen_lab.stress.plan\nfrom p2pgen_lab import chaos\nfrom p2pgen_lab.bench import cli\n"
+              "importlib.import_module('p2pgen_lab.simulator')\nfrom p2pgen.state import SharedState\n"
+              "import p2pgen_labs\n'p2pgen_lab is the lab'\n")
+    found = _lab_imports(PACKAGE / "agent" / "example.py", source)
+    assert sorted(found) == ["p2pgen/agent/example.py:1: imports p2pgen_lab.stress.plan",
+                             "p2pgen/agent/example.py:2: imports p2pgen_lab",
+                             "p2pgen/agent/example.py:2: imports p2pgen_lab.chaos",
+                             "p2pgen/agent/example.py:3: imports p2pgen_lab.bench",
+                             "p2pgen/agent/example.py:3: imports p2pgen_lab.bench.cli",
+                             "p2pgen/agent/example.py:4: imports p2pgen_lab.simulator"]
+
+
+def test_the_lab_lives_outside_the_runtime_and_testing_keeps_only_its_doubles() -> None:
+    assert not [d for d in ("bench", "chaos", "stress", "simulator") if (PACKAGE / d).exists()]
+    assert {p.name for p in (PACKAGE / "testing").glob("*.py")} == TESTING_DOUBLES
+    assert (PACKAGE.parent / LAB / "__init__.py").exists()
 
 
 def test_a_runtime_command_loads_no_lab_module_and_a_lab_command_its_own() -> None:
     code = ("import sys; from p2pgen import cli; cli.build_parser({argv!r}); "
-            f"print(sorted(m for m in sys.modules if m.split('.')[:2] in {[['p2pgen', lab] for lab in LAB]!r}))")
+            f"print(sorted(m for m in sys.modules if m == {LAB!r} or m.startswith({LAB + '.'!r})))")
     loaded = {argv[0]: subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True, text=True,
                                       check=True).stdout.strip() for argv in (["join", "--local", "3"], ["chaos"])}
     assert loaded["join"] == "[]", f"`p2pgen join` imported the lab: {loaded['join']}"
-    assert "p2pgen.chaos.cli" in loaded["chaos"] and "p2pgen.bench" not in loaded["chaos"]
+    assert "p2pgen_lab.chaos.cli" in loaded["chaos"] and "p2pgen_lab.bench" not in loaded["chaos"]
+
+
+def test_the_lab_commands_are_registered_entry_points_and_help_lists_them() -> None:
+    assert set(cli.registered_commands()) == LAB_COMMANDS
+    choices = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert LAB_COMMANDS | {"join", "show", "history", "fault"} <= set(choices)
+
+
+def test_a_command_whose_module_fails_to_import_says_which_and_why(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    broken = EntryPoint("broken", "p2pgen_lab.no_such_module:add_commands", cli.COMMAND_GROUP)
+    monkeypatch.setattr(cli, "registered_commands", lambda: {"broken": broken})
+    assert "p2pgen_lab.no_such_module failed to import" in cli.build_parser().format_help()
+    assert cli.main(["broken", "--flag"]) == cli.BROKEN_EXIT
+    err = capsys.readouterr().err
+    assert "p2pgen broken: its module p2pgen_lab.no_such_module" in err
+    assert "ModuleNotFoundError: No module named 'p2pgen_lab.no_such_module'" in err
 
 
 @pytest.mark.parametrize("module", ["p2pgen.core", "p2pgen.detect"])

@@ -2,11 +2,13 @@
 
 Owns: N agent processes with symmetric configuration (each given the others as peers), the relay of
 their output (and their applications') line by line, prefixed with the peer, so that no two lines are
-ever glued; the printing of each generation as it is decided and of each recovery; an optional seeded
-fault schedule (SIGKILL of an application, which its agent restarts, or of a whole agent, which is
-replaced by a fresh agent under the same peer id, as a spot instance would be); the final summary of the
-applications' own reports; and an exit code that tells the truth (non-zero, naming the members, when
-an agent failed or the final digests differ).
+ever glued; the printing of each generation as it is decided and of each recovery; the carrying out of an
+optional seeded fault schedule (SIGKILL of an application, which its agent restarts, or of a whole agent, which
+is replaced by a fresh agent under the same peer id, as a spot instance would be), which
+`p2pgen.agent.faultplan.LocalPlan` decides from what this module observes of the agents; the final summary of
+the applications' own reports; and an exit code that tells the truth (non-zero, naming the members, when
+an agent failed or the final digests differ). Agents are started and killed through `p2pgen.agent.launch`, the
+launcher the lab's harnesses use too.
 Invariants kept: every process it starts it stops, by pid, before returning (Ctrl-C and SIGTERM
 included, within STOP_DEADLINE_S), and it removes its work folder; an agent dies with the runner even
 when the runner is SIGKILLed (PR_SET_PDEATHSIG); a whole host is killed only while every Raft voter is a
@@ -20,7 +22,6 @@ import collections
 import glob
 import json
 import os
-import random
 import secrets
 import shutil
 import signal
@@ -34,8 +35,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO
 
+from p2pgen.agent import launch
 from p2pgen.agent.agent import PORTS_PER_AGENT
-from p2pgen.agent.supervisor import die_with_parent, stop_on_sigterm
+from p2pgen.agent.faultplan import APPLICATION, HOST, MAX_FAULTS_IN_FLIGHT, LocalPlan, all_voters_live
+from p2pgen.agent.supervisor import stop_on_sigterm
 from p2pgen.auth import read_secret_file
 from p2pgen.errors import P2PGenError
 from p2pgen.progress import ENV as PROGRESS_ENV
@@ -43,8 +46,6 @@ from p2pgen.progress import CommitLog
 
 AGENT_REPLACEMENT_DELAY_S = 1.0
 STOP_DEADLINE_S = 4.0          # SIGTERM to every agent, then SIGKILL of what is left (within 5 s in all)
-LAST_FAULT_FRACTION = 0.8      # no fault after this share of --steps: the last recovery must fit before the end
-MAX_FAULTS_IN_FLIGHT = 2       # unrecovered faults at a time (the job keeps at least N-2 members training)
 LINGER_AFTER_DONE_S = 10.0     # how long agents with no job left may wait once another agent ended
 STDERR_TAIL = 12               # lines of each agent's stderr kept for the failure report
 # N applications on one host, each with an OpenMP / BLAS pool of every core, oversubscribe it: on 2 cores, 3
@@ -113,7 +114,7 @@ class LocalJob:
         self.secret_file = secret_file or self._new_secret()
         self.secret = read_secret_file(self.secret_file)
         self.agent_args = agent_args + [f"--secret-file={self.secret_file}"]
-        self.rng = random.Random(seed)
+        self.plan = LocalPlan(chaos, seed, n, bool(command), steps)
         self.agents: dict[int, subprocess.Popen] = {}
         self.relays: dict[int, _Relay] = {}
         self.started: list[tuple[int, subprocess.Popen, _Relay]] = []
@@ -128,14 +129,13 @@ class LocalJob:
         self.seen_generation = 0
         self.commits = CommitLog(self.progress_dir)
         self.revision = 0
-        self._kinds: list[str] = []
         self._voter_count = 0                          # voters when the job was first whole
         self._next_fault: float | None = None          # a revision (counted in steps) or a monotonic time
 
     @property
     def counts_steps(self) -> bool:
         """With --steps and a COMMAND, --chaos is a mean number of committed steps between faults."""
-        return bool(self.command) and self.steps is not None
+        return self.plan.counts_steps
 
     def _new_secret(self) -> str:
         path = os.path.join(self.workdir, "secret")
@@ -157,7 +157,7 @@ class LocalJob:
                 print(f"status pages: http://{self.http[1]}:{self.http[0]}/ (one per agent, ports "
                       f"{self.http[0]}..{self.http[0] + self.n - 1})", flush=True)
             self._describe_chaos()
-            self._next_fault = self._schedule_after(0, time.monotonic())
+            self._next_fault = self.plan.due_after(0, time.monotonic())
             while self._running():
                 self._print_new_generations()
                 self._reap()
@@ -183,24 +183,19 @@ class LocalJob:
 
     def _start_agent(self, i: int, initial: bool) -> None:
         addr = self.addrs[i]
-        cmd = [sys.executable, "-m", "p2pgen", "join", "--job", self.job, "--id", f"peer{i}", "--listen", addr,
-               *self.agent_args, *[f"--peer={a}" for a in self.addrs if a != addr]]
-        if initial:
-            cmd += ["--min-members", str(self.n)]
+        options = [*self.agent_args, *(["--min-members", str(self.n)] if initial else [])]
         if self.http is not None:
-            cmd += [f"--http={self.http[0] + i}", f"--http-bind={self.http[1]}"]
-        if self.command:
-            cmd += ["--", *self.command]
+            options += [f"--http={self.http[0] + i}", f"--http-bind={self.http[1]}"]
+        cmd = launch.join_command(self.job, f"peer{i}", addr, [a for a in self.addrs if a != addr], options,
+                                  self.command)
         env = {**os.environ, "P2PGEN_SUMMARY_DIR": self.summary_dir, PROGRESS_ENV: self.progress_dir}
         env.setdefault("OMP_NUM_THREADS", THREADS_PER_APP)
         if self.steps is not None:
             env["P2PGEN_STEPS"] = str(self.steps)
         if self.step_delay is not None:
             env["P2PGEN_STEP_DELAY"] = str(self.step_delay)
-        runner = os.getpid()
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True,    # Ctrl-C reaches only this process
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=lambda: die_with_parent(signal.SIGTERM, runner))   # a graceful leave
+        proc = launch.spawn(cmd, subprocess.PIPE, subprocess.PIPE, env=env,   # Ctrl-C reaches only this process
+                            death_signal=signal.SIGTERM)                       # a graceful leave
         relay = _Relay(proc, f"[peer{i}] ")
         self.agents[i] = proc
         self.relays[i] = relay
@@ -261,11 +256,7 @@ class LocalJob:
             except subprocess.TimeoutExpired:
                 print(f"peer{i}'s agent (pid {proc.pid}) did not leave within {STOP_DEADLINE_S:.0f} s: killed",
                       file=sys.stderr, flush=True)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+                launch.kill_group(proc)
         for _, _, relay in self.started:
             relay.join(1.0)
 
@@ -277,16 +268,7 @@ class LocalJob:
         unit = "committed steps" if self.counts_steps else "seconds"
         print(f"chaos: a fault every {self.chaos:g} {unit} on average (seed-determined), at most "
               f"{MAX_FAULTS_IN_FLIGHT} unrecovered at a time"
-              + (f", none after step {self._last_fault_revision()}" if self.counts_steps else ""), flush=True)
-
-    def _last_fault_revision(self) -> int:
-        return int((self.steps or 0) * LAST_FAULT_FRACTION)
-
-    def _schedule_after(self, revision: int, now: float) -> float | None:
-        if not self.chaos:
-            return None
-        gap = self.chaos * self.rng.uniform(0.5, 1.5)
-        return revision + gap if self.counts_steps else now + gap
+              + (f", none after step {self.plan.last_fault_revision()}" if self.counts_steps else ""), flush=True)
 
     def _poll_revision(self) -> None:
         for commit in self.commits.poll():
@@ -299,41 +281,28 @@ class LocalJob:
         if self.counts_steps:
             if self.revision < self._next_fault:
                 return
-            if self.revision > self._last_fault_revision():
+            if self.revision > self.plan.last_fault_revision():
                 self._next_fault = None
                 return
         elif time.monotonic() < self._next_fault or self._training_done():
             return
-        kind = self._kinds[-1] if self._kinds else self._next_kind_refill()
+        kind = self.plan.kind()
         target = self._target(kind)
         if target is None:
             return
-        self._kinds.pop()
+        self.plan.injected()
         self._inject(kind, *target)
-        self._next_fault = self._schedule_after(self.revision, time.monotonic())
-
-    def _next_kind_refill(self) -> str:
-        """Application and host faults in equal numbers, in a seeded order (pairs shuffled)."""
-        if not self.command:
-            self._kinds = ["host"]
-        elif self.n < 3:
-            self._kinds = ["application"]   # two voters: killing either agent would stop Raft until it is back
-        else:
-            self._kinds = ["application", "host"]
-            self.rng.shuffle(self._kinds)
-        return self._kinds[-1]
+        self._next_fault = self.plan.due_after(self.revision, time.monotonic())
 
     def _training_done(self) -> bool:
         return bool(glob.glob(os.path.join(self.summary_dir, "*.json")))
 
     def _target(self, kind: str) -> tuple[int, dict] | None:
-        """A peer to fault now, with its agent's `show`, or None while the fault would be unsafe: at most
-        MAX_FAULTS_IN_FLIGHT unrecovered faults at a time, never one on a peer still recovering; an application
-        only while it is a member of the active generation; a whole host only while every agent runs and
-        answers and every Raft voter is a live agent, as many as when the job first formed (so the kill can
-        never cost the job its Raft quorum)."""
+        """A peer to fault now, with its agent's `show`, or None while the plan finds the fault unsafe (see
+        `LocalPlan.target`): the facts it decides on are the agents' `show` views, which agents run, and the
+        voters when the job first formed."""
         recovering = {f.peer for f in self.faults if f.recovered_after is None}
-        if len(recovering) >= MAX_FAULTS_IN_FLIGHT:
+        if not self.plan.may_fault(recovering):
             return None
         views: dict[int, dict] = {}
         for i, proc in self.agents.items():
@@ -349,14 +318,9 @@ class LocalJob:
         self._note_voters(views)
         active = next(iter(views.values()))["state"]["active"]
         in_active = {m["peer_id"] for m in active["members"]} if active else set()
-        if kind == "host" and not self._raft_whole(views):
-            return None
-        candidates = sorted(i for i in views if i not in recovering and f"peer{i}" in in_active
-                            and (kind == "host" or views[i]["agent"]["app_pid"]))
-        if not candidates:
-            return None
-        i = self.rng.choice(candidates)
-        return i, views[i]
+        candidates = {i: bool(v["agent"]["app_pid"]) for i, v in views.items() if f"peer{i}" in in_active}
+        i = self.plan.target(kind, candidates, recovering, kind == HOST and self._raft_whole(views))
+        return None if i is None else (i, views[i])
 
     def _note_voters(self, views: dict[int, dict]) -> None:
         if len(views) == self.n and not self.replacements:
@@ -368,12 +332,12 @@ class LocalJob:
             return False
         live_nodes = {v["raft"]["self"] for v in views.values()}
         voters = [v["node"] for v in next(iter(views.values()))["raft"]["voters"]]
-        return set(voters) <= live_nodes and len(voters) >= self._voter_count
+        return all_voters_live(voters, live_nodes, self._voter_count)
 
     def _inject(self, kind: str, i: int, view: dict) -> None:
         agent = view["agent"]
         fault = _Fault(kind, i, agent["incarnation"], self.revision, time.time())
-        if kind == "application":
+        if kind == APPLICATION:
             pid = agent["app_pid"]
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -384,8 +348,7 @@ class LocalJob:
         else:
             proc = self.agents[i]
             self.chaos_killed.add(proc.pid)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            launch.kill_group(proc)
             self.replacements.append((time.monotonic() + AGENT_REPLACEMENT_DELAY_S, i))
             self._print(f"chaos: SIGKILL agent peer{i} and its application at revision {self.revision} "
                         f"(a lost spot instance); a new agent replaces it in {AGENT_REPLACEMENT_DELAY_S:.0f} s")

@@ -2,7 +2,7 @@
 
 Layers: `wire` (frame kinds on the transport's stamped, checksummed header; receive slots) and `log`
 (the receiver's consumption log) are pure formats; `receiver` (ChannelListener, ChannelReceiver, Message)
-and `sender` (Channel) move messages and recover. `p2pgen.testing.channels` runs them as real processes for
+and `sender` (Channel) move messages and recover. `p2pgen_lab.rigs.channels` runs them as real processes for
 the fault tests and `p2pgen bench channel`.
 
 Contract: a message counts as done only when the receiving application called `Message.consumed()`;

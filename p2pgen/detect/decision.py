@@ -1,7 +1,7 @@
 """The failure-detector decision: which peers to suspect now, and why.
 
 Owns: `suspects(now, history, config)`, a pure function (no clock, no I/O, no randomness): the same
-inputs always give the same answer, so the agent, the tests and the churn simulator (`p2pgen.simulator`) all
+inputs always give the same answer, so the agent, the tests and the churn simulator (`p2pgen_lab.simulator`) all
 run this very code. Invariants, for every kind:
   - a peer heard from within `config.floor` seconds is never suspected;
   - a peer silent for more than `config.timeout` seconds is always suspected;

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib", reason="history --plot needs the sim extra (ma
 from matplotlib.image import imread  # noqa: E402
 
 from p2pgen.agent.historyplot import change_kind, plot_history  # noqa: E402
-from p2pgen.testing.agents import active_members, free_control_ports  # noqa: E402
+from p2pgen_lab.rigs.agents import active_members, free_control_ports  # noqa: E402
 
 
 def _entry(generation, members, reason, at, revision, outcome="activated"):

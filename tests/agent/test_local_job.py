@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import pid_alive
+from p2pgen_lab.rigs.agents import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 EXACT_APP = str(ROOT / "tests" / "integration" / "apps" / "exact_train.py")

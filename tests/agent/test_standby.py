@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import Cluster, active_members, free_control_ports, pid_alive
+from p2pgen_lab.rigs.agents import Cluster, active_members, free_control_ports, pid_alive
 
 # no --attach-grace: the application must attach and vote itself, so "active" means the promoted process joined
 DETECT = ("--detector=fixed", "--detect-timeout=2.0", "--detect-floor=0.5", "--heartbeat-interval=0.1")

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from p2pgen.agent.watch import last_fault
-from p2pgen.testing.agents import active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active_members, free_control_ports
 
 HTTP_PORT = 27500
 

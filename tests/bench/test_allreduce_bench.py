@@ -8,7 +8,7 @@ import json
 import pytest
 
 from p2pgen import cli
-from p2pgen.bench import allreduce
+from p2pgen_lab.bench import allreduce
 
 
 def test_parse_size_accepts_suffixes_and_explains_bad_input():

@@ -1,11 +1,11 @@
-"""p2pgen.bench.breakdown on synthetic traces: the phases of a survivor add up to its fault -> first-commit
+"""p2pgen_lab.bench.breakdown on synthetic traces: the phases of a survivor add up to its fault -> first-commit
 time, a fault is split on the survivor that committed last, and a trace missing an event is not split."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2pgen.bench.breakdown import PHASES, fault_phases, format_phases, summarize_phases, survivor_phases
+from p2pgen_lab.bench.breakdown import PHASES, fault_phases, format_phases, summarize_phases, survivor_phases
 
 T0 = 1000.0
 

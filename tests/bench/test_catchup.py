@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.bench.catchup import catchup_throughput
+from p2pgen_lab.bench.catchup import catchup_throughput
 
 
 @pytest.mark.timeout(60)

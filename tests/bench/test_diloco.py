@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from p2pgen.bench import diloco
-from p2pgen.bench.apps import diloco_task
+from p2pgen_lab.bench import diloco
+from p2pgen_lab.bench.apps import diloco_task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,7 +67,7 @@ def test_torchft_rows_come_after_p2pgens_and_only_when_asked() -> None:
 
 
 def test_the_torchft_rows_are_skipped_with_the_reason_when_torchft_is_missing(monkeypatch) -> None:
-    from p2pgen.bench import peers
+    from p2pgen_lab.bench import peers
 
     monkeypatch.setitem(sys.modules, "torchft", None)          # `import torchft` raises ImportError
     reason = peers.torchft_missing()
@@ -102,7 +102,7 @@ def _replica(committed: bool, healed: bool, step: int, error: Exception | None =
 
 
 def test_the_torchft_replica_logs_a_reset_for_every_outer_step_torchft_threw_away(tmp_path) -> None:
-    app = pytest.importorskip("p2pgen.bench.apps.torchft_diloco", exc_type=ImportError)
+    app = pytest.importorskip("p2pgen_lab.bench.apps.torchft_diloco", exc_type=ImportError)
     log = diloco_task.Log(str(tmp_path / "m1.jsonl"))
     loss = diloco_task.eval_loss(diloco_task.mlp(1))
     assert not app._after_sync(_replica(False, False, 3, RuntimeError("peer closed")), log, 150, 1.0)
@@ -118,7 +118,7 @@ def test_the_torchft_replica_logs_a_reset_for_every_outer_step_torchft_threw_awa
 def test_the_torchft_checkpoint_transport_advertises_the_hosts_address() -> None:
     from datetime import timedelta
 
-    app = pytest.importorskip("p2pgen.bench.apps.torchft_diloco", exc_type=ImportError)
+    app = pytest.importorskip("p2pgen_lab.bench.apps.torchft_diloco", exc_type=ImportError)
     transport = app.HostTransport("10.9.8.7", timedelta(seconds=5))
     try:
         url = transport.metadata()

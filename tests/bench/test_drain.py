@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.bench.drain import KINDS, format_drain, step_time, summarize_drain, survivor_stall
+from p2pgen_lab.bench.drain import KINDS, format_drain, step_time, summarize_drain, survivor_stall
 
 pytestmark = pytest.mark.timeout(30)
 

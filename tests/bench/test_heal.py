@@ -1,4 +1,4 @@
-"""p2pgen.bench.heal: the heal of one kill and its phases, from synthetic traces, history and agent log."""
+"""p2pgen_lab.bench.heal: the heal of one kill and its phases, from synthetic traces, history and agent log."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from p2pgen.bench.heal import PHASES, _launches, analyze, format_heal
+from p2pgen_lab.bench.heal import PHASES, _launches, analyze, format_heal
 
 
 def _cert(generation: int, members: list[tuple[str, int]], proposed: float, activated: float) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.bench import peers, recovery
+from p2pgen_lab.bench import peers, recovery
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -35,7 +35,7 @@ def _wait_for(predicate, timeout: float = 20.0) -> None:
 def test_a_host_restarts_its_child_when_it_dies_or_stays_stopped_and_dies_with_a_tree_kill(tmp_path):
     log = tmp_path / "children.log"
     with open(log, "w") as out:
-        host = subprocess.Popen([sys.executable, "-m", "p2pgen.bench.apps.host", "--stopped-timeout=0.3", "--",
+        host = subprocess.Popen([sys.executable, "-m", "p2pgen_lab.bench.apps.host", "--stopped-timeout=0.3", "--",
                                  *PRINT_PID_AND_SLEEP], stdout=out, start_new_session=True)
     try:
         _wait_for(lambda: len(_pids(log)) == 1)

@@ -8,8 +8,8 @@ pytest.importorskip("matplotlib", reason="--plot needs the sim extra (matplotlib
 
 from matplotlib.image import imread  # noqa: E402
 
-from p2pgen.bench import allreduce, recovery  # noqa: E402
-from p2pgen.bench.plots import plot_allreduce, plot_recovery  # noqa: E402
+from p2pgen_lab.bench import allreduce, recovery  # noqa: E402
+from p2pgen_lab.bench.plots import plot_allreduce, plot_recovery  # noqa: E402
 
 
 def test_allreduce_plot_has_both_backends(tmp_path):

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from p2pgen import cli
-from p2pgen.bench import recovery
-from p2pgen.simulator.costs import load_costs
+from p2pgen_lab.bench import recovery
+from p2pgen_lab.simulator.costs import load_costs
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from p2pgen import cli
-from p2pgen.bench import survive
+from p2pgen_lab.bench import survive
 
 pytestmark = pytest.mark.timeout(90)
 

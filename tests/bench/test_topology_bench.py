@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from p2pgen import cli
-from p2pgen.bench import topology
-from p2pgen.testing import netns
+from p2pgen_lab.bench import topology
+from p2pgen_lab.rigs import netns
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from p2pgen import cli
-from p2pgen.bench.channel import Throughput, format_faults, format_throughput
-from p2pgen.testing.channels import Cell
+from p2pgen_lab.bench.channel import Throughput, format_faults, format_throughput
+from p2pgen_lab.rigs.channels import Cell
 
 
 def test_fault_table_divides_by_recoveries_and_sums_per_mode():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.testing.channels import run_cell
+from p2pgen_lab.rigs.channels import run_cell
 
 
 @pytest.mark.parametrize("fault, size, injections", [("F1", 16, 3), ("F2", 65536, 6)])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.chaos.checker import CONFUSION, DIVERGENT, DUPLICATED, LOST, check
-from p2pgen.chaos.model import reference_digests
+from p2pgen_lab.chaos.checker import CONFUSION, DIVERGENT, DUPLICATED, LOST, check
+from p2pgen_lab.chaos.model import reference_digests
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,10 +11,10 @@ from collections import Counter
 
 import pytest
 
-from p2pgen.chaos import checker, report, runner
-from p2pgen.chaos.app import voters_outlive
-from p2pgen.chaos.schedule import Injection, Schedule, generate
 from p2pgen.raft import checker as raft_checker
+from p2pgen_lab.chaos import checker, report, runner
+from p2pgen_lab.chaos.app import voters_outlive
+from p2pgen_lab.chaos.schedule import Injection, Schedule, generate
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,8 @@ from dataclasses import asdict
 
 import pytest
 
-from p2pgen.chaos.app import Injector
-from p2pgen.chaos.schedule import Injection
+from p2pgen_lab.chaos.app import Injector
+from p2pgen_lab.chaos.schedule import Injection
 
 pytestmark = pytest.mark.timeout(30)
 

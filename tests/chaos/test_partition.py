@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from p2pgen.chaos import checker, runner
-from p2pgen.chaos.schedule import PARTITIONS, Injection, Schedule, generate
 from p2pgen.raft import checker as raft_checker
+from p2pgen_lab.chaos import checker, runner
+from p2pgen_lab.chaos.schedule import PARTITIONS, Injection, Schedule, generate
 
 pytestmark = pytest.mark.timeout(60)
 

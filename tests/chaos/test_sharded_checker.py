@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.chaos import schedule
-from p2pgen.chaos.checker import DIVERGENT, MISMATCHED_SHARD, MISOWNED, check
-from p2pgen.chaos.model import SHARDED, SHARDS, reference_digests, reference_shard_digests
 from p2pgen.cli import main
+from p2pgen_lab.chaos import schedule
+from p2pgen_lab.chaos.checker import DIVERGENT, MISMATCHED_SHARD, MISOWNED, check
+from p2pgen_lab.chaos.model import SHARDED, SHARDS, reference_digests, reference_shard_digests
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from p2pgen.chaos.checker import MISMATCHED_SHARD, check
-from p2pgen.chaos.model import SHARDED, reference_shard_digests
-from p2pgen.chaos.runner import read_events
 from p2pgen.cli import main
+from p2pgen_lab.chaos.checker import MISMATCHED_SHARD, check
+from p2pgen_lab.chaos.model import SHARDED, reference_shard_digests
+from p2pgen_lab.chaos.runner import read_events
 
 pytestmark = [pytest.mark.timeout(200), pytest.mark.slow]
 

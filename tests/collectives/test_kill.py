@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from p2pgen.testing.member_process import member_main
 from p2pgen.transport import PROVED, Endpoint
+from p2pgen_lab.rigs.member_process import member_main
 
 WORLD = 4
 VICTIM = 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.bench import gpu_check
+from p2pgen_lab.bench import gpu_check
 
 pytestmark = pytest.mark.timeout(10)
 

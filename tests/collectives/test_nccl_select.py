@@ -64,7 +64,7 @@ def test_every_member_builds_its_nccl_backend_from_the_certificate():
 
 def test_the_package_imports_without_cupy():
     code = ("import sys; import p2pgen, p2pgen.collectives.nccl, p2pgen.collectives.select, "
-            "p2pgen.testing.fake_nccl, p2pgen.bench.gpu_check; assert 'cupy' not in sys.modules, 'cupy imported'")
+            "p2pgen.testing.fake_nccl, p2pgen_lab.bench.gpu_check; assert 'cupy' not in sys.modules, 'cupy imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 

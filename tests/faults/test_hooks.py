@@ -20,8 +20,8 @@ from p2pgen.detect import DetectorConfig
 from p2pgen.errors import PeerLost
 from p2pgen.raft.identity import new_node_id
 from p2pgen.raft.node import RaftNode, RaftUnavailable
-from p2pgen.testing.agents import free_control_ports
 from p2pgen.transport import Group, Transport, TransportConfig
+from p2pgen_lab.rigs.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"partition-hook-secret-0123456789"

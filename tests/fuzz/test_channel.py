@@ -24,8 +24,8 @@ from p2pgen.channel import Channel, ChannelConfig, ChannelListener, Endpoint
 from p2pgen.channel.receiver import COUNTERS
 from p2pgen.channel.wire import DATA, LOG, MAX_CONTROL, OPEN, RAW, Stamp, recv_control, send_control
 from p2pgen.errors import P2PGenError
-from p2pgen.testing.rogue import RoguePeer
 from p2pgen.transport import frame, handshake
+from p2pgen_lab.rigs.rogue import RoguePeer
 from tests.fuzz.conftest import FUZZ, bind_free_port, raw_connect, send_and_close, total, wait_until
 
 pytestmark = pytest.mark.timeout(60)

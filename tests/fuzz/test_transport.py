@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from p2pgen import auth
 from p2pgen.collectives import TcpBackend
 from p2pgen.errors import P2PGenError, PeerLost
-from p2pgen.testing.rogue import RoguePeer
 from p2pgen.transport import REASONS, Group, Transport, TransportConfig, frame, handshake
+from p2pgen_lab.rigs.rogue import RoguePeer
 from tests.fuzz.conftest import FUZZ, bind_free_port, send_and_close, total, wait_until
 
 pytestmark = pytest.mark.timeout(60)

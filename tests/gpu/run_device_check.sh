@@ -13,9 +13,9 @@ $PY -c "import cupy, cupy.cuda.nccl as n; print('cupy', cupy.__version__, 'nccl'
     || echo "CuPy NCCL is not importable: every GPU check below skips, saying why"
 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu -rs 2>&1 | tee "$LOGS/gpu_tests.log"
 tests=${PIPESTATUS[0]}
-$PY -m p2pgen.bench.gpu_check --json >"$LOGS/gpu_check.json"
+$PY -m p2pgen_lab.bench.gpu_check --json >"$LOGS/gpu_check.json"
 check=$?
-$PY -c "import json,sys; from p2pgen.bench.gpu_check import _text; print(_text(json.load(open(sys.argv[1]))))" \
+$PY -c "import json,sys; from p2pgen_lab.bench.gpu_check import _text; print(_text(json.load(open(sys.argv[1]))))" \
     "$LOGS/gpu_check.json" | tee "$LOGS/gpu_check.txt"
 echo "gpu tests exit $tests, gpu_check exit $check"
 exit $(( tests || check ))

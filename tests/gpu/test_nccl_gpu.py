@@ -75,7 +75,7 @@ def test_world1_conformance_on_the_gpu(stage):
 
 
 def test_rebuild_and_abort_per_generation():
-    from p2pgen.bench import gpu_check
+    from p2pgen_lab.bench import gpu_check
 
     result = gpu_check.lifecycle(5)
     assert result["ok"], result
@@ -103,7 +103,7 @@ def test_cuda_tensors_staged_through_host_over_tcp():
 def test_several_ranks_on_one_gpu_and_the_stall_watchdog():
     from cupy.cuda import nccl
 
-    from p2pgen.bench import gpu_check
+    from p2pgen_lab.bench import gpu_check
 
     if nccl.get_version() < gpu_check.MULTI_RANK_MIN:
         pytest.skip(f"NCCL {nccl.get_version()} < 2.30: no NCCL_MULTI_RANK_GPU_ENABLE")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from p2pgen.core import Ready, Register
-from p2pgen.testing.agents import active, active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active, active_members, free_control_ports
 
 pytestmark = pytest.mark.timeout(90)
 

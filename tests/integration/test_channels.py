@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 from tests.integration.apps.channel_app import KILL_AT, TOTAL
 
 pytestmark = pytest.mark.timeout(150)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from p2pgen.testing.agents import active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active_members, free_control_ports
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -25,7 +25,7 @@ import pytest
 
 from p2pgen.data import ElasticSampler
 from p2pgen.state import SharedState
-from p2pgen.testing.agents import active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active_members, free_control_ports
 from tests.integration.apps.data_train import BATCH, SEED, N, reference
 
 pytestmark = pytest.mark.timeout(240)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pgen.testing.agents import active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active_members, free_control_ports
 from tests.integration.apps.diloco_train import reference
 
 pytestmark = pytest.mark.timeout(240)

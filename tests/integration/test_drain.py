@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from p2pgen.agent.cli import format_drain
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 from tests.agent.test_notice import Endpoint
 from tests.integration.test_state_survives import committed, finish, run_env, wait_certificate  # noqa: F401
 

@@ -1,6 +1,6 @@
 """Integration: 4 agents on 4 hosts that are not 127.0.0.1 (network namespaces), partitioned with the hosts' own tools.
 
-The test makes an emulated cluster (`p2pgen.testing.netns`): for each agent a network namespace on one bridge, with
+The test makes an emulated cluster (`p2pgen_lab.rigs.netns`): for each agent a network namespace on one bridge, with
 its own address on a private /24; each agent listens on and advertises that address (never a loopback one) and trains
 `examples/train_spot.py`. Agent p3's host is then cut off with its own `ip link set eth0 down` (a host whose
 network goes away, both ways) and brought back with `ip link set eth0 up`:
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from p2pgen.raft import checker
-from p2pgen.testing import netns
-from p2pgen.testing.agents import active, active_members
+from p2pgen_lab.rigs import netns
+from p2pgen_lab.rigs.agents import active, active_members
 from tests.integration.test_state_survives import committed
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]

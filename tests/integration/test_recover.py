@@ -20,7 +20,7 @@ import pytest
 
 from p2pgen.cli import main
 from p2pgen.raft import checker
-from p2pgen.testing.agents import active, active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active, active_members, free_control_ports
 from tests.integration.test_state_survives import committed, finish
 
 pytestmark = pytest.mark.timeout(240)

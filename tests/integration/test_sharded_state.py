@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import active, free_control_ports
+from p2pgen_lab.rigs.agents import active, free_control_ports
 from tests.integration.apps.sharded_train import SHARDS, reference
 from tests.integration.test_state_survives import committed, wait_certificate
 

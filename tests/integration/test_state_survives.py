@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import active, active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active, active_members, free_control_ports
 from tests.integration.apps.exact_train import reference
 from tests.integration.test_training import read_traces
 

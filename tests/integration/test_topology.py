@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pgen.testing import netns
-from p2pgen.testing.agents import active, free_control_ports
+from p2pgen_lab.rigs import netns
+from p2pgen_lab.rigs.agents import active, free_control_ports
 from tests.integration.apps.exact_train import reference
 
 ZONES = ("east", "west", "east", "west")

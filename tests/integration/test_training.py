@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 from tests.integration.apps.exact_train import reference
 
 pytestmark = pytest.mark.timeout(180)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pgen.testing.agents import active, free_control_ports
+from p2pgen_lab.rigs.agents import active, free_control_ports
 from tests.integration.test_state_survives import committed, wait_certificate
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]

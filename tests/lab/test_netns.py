@@ -1,4 +1,4 @@
-"""The emulated cluster (`p2pgen.testing.netns`): the topology format and its errors, and on a machine that can
+"""The emulated cluster (`p2pgen_lab.rigs.netns`): the topology format and its errors, and on a machine that can
 make network namespaces, a real cluster: hosts reach each other at their own addresses, a host cut off with its own
 `ip link` and healed, a partition between groups of hosts, shaping installed per destination, and nothing left
 behind. No speed figure is asserted (the benchmarks measure rates)."""
@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from p2pgen import cli
-from p2pgen.testing import netns
+from p2pgen_lab.rigs import netns
 
 TOPOLOGY = """# two zones
 intra 10gbit

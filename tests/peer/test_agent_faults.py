@@ -23,7 +23,7 @@ from p2pgen.errors import AgentLost, P2PGenError
 from p2pgen.peer import Peer
 from p2pgen.raft.node import RaftUnavailable
 from p2pgen.state import SharedState
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(60)
 

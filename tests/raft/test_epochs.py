@@ -10,7 +10,7 @@ import pytest
 from p2pgen.core import Register
 from p2pgen.raft.identity import new_node_id
 from p2pgen.raft.node import RaftNode, RaftUnavailable
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"epoch-test-secret-0123456789"

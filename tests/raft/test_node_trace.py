@@ -11,7 +11,7 @@ from p2pgen.raft import checker
 from p2pgen.raft.identity import new_node_id
 from p2pgen.raft.node import RaftNode
 from p2pgen.raft.trace import Trace
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"trace-test-secret-0123456789"

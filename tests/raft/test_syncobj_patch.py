@@ -17,7 +17,7 @@ from p2pgen.raft.identity import NodeId
 from p2pgen.raft.node import RaftTiming
 from p2pgen.raft.syncobj import JobSyncObj
 from p2pgen.raft.transport import NodeTransport
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(30)
 

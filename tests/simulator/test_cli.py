@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from p2pgen.simulator import cli
-from p2pgen.simulator.costs import load_costs
+from p2pgen_lab.simulator import cli
+from p2pgen_lab.simulator.costs import load_costs
 
 FAST = ["--runs", "1", "--duration", "400"]
 
@@ -78,8 +78,8 @@ def join_defaults():
 
 
 def test_the_p2pgen_row_runs_the_detector_p2pgen_join_runs_by_default(capsys):
-    from p2pgen.simulator.costs import assumed_costs
-    from p2pgen.simulator.tables import FIXED_ROW, P2PGEN_ROW, ladder
+    from p2pgen_lab.simulator.costs import assumed_costs
+    from p2pgen_lab.simulator.tables import FIXED_ROW, P2PGEN_ROW, ladder
 
     joined = join_defaults()
     rows = ladder(assumed_costs(), 2.0, 100.0)

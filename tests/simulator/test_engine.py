@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-import p2pgen.simulator.engine as engine
+import p2pgen_lab.simulator.engine as engine
 from p2pgen.detect import DetectorConfig
-from p2pgen.simulator.engine import simulate
-from p2pgen.simulator.model import Scenario, fixed_detector, pause_exceedance
+from p2pgen_lab.simulator.engine import simulate
+from p2pgen_lab.simulator.model import Scenario, fixed_detector, pause_exceedance
 
 SHORT = Scenario(duration=2_000.0, mtbf=20.0)
 

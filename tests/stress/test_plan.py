@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pgen.stress import plan
-from p2pgen.stress.plan import Agent, World, choose, quorum_safe
+from p2pgen_lab.stress import plan
+from p2pgen_lab.stress.plan import Agent, World, choose, quorum_safe
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ import pytest
 
 from p2pgen.cli import main
 from p2pgen.raft.checker import CHECKS
-from p2pgen.testing import netns
+from p2pgen_lab.rigs import netns
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from p2pgen.progress import Commit
-from p2pgen.stress.verdict import (
+from p2pgen_lab.stress.verdict import (
     Activated,
     Fault,
     Verdict,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pgen.testing.agents import free_control_ports
+from p2pgen_lab.rigs.agents import free_control_ports
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import p2pgen.torch as pt
-from p2pgen.testing.agents import free_local_base
+from p2pgen_lab.rigs.agents import free_local_base
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_elastic.py"

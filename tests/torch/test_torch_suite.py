@@ -1,7 +1,7 @@
 """torch's own distributed test suite as the referee, a fast representative subset in the default run: one
 test per collective family (reductions with every op, coalesced forms, broadcast, reduce, gather, scatter,
 all_to_all, barrier, object collectives, subgroups, coalescing, futures, DDP, sync batch norm) from the
-torch wheel's distributed_test.py, run by p2pgen.testing.torch_suite against the p2pgen backend.
+torch wheel's distributed_test.py, run by p2pgen_lab.rigs.torch_suite against the p2pgen backend.
 
 The whole suite, beside gloo, is `p2pgen bench torch-suite` (minutes; its table is in the README).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.bench import torch_suite
+from p2pgen_lab.bench import torch_suite
 
 SUBSET = [
     "test_all_reduce_sum", "test_all_reduce_product", "test_all_reduce_min", "test_all_reduce_coalesced_sum",

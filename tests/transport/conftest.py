@@ -9,8 +9,8 @@ import pytest
 
 from p2pgen.collectives import TcpBackend
 from p2pgen.testing.ports import open_transport
-from p2pgen.testing.rogue import RoguePeer
 from p2pgen.transport import Endpoint, Group, TransportConfig
+from p2pgen_lab.rigs.rogue import RoguePeer
 
 JOB = "job-under-test"
 SECRET = b"the-right-secret-0123456789abcdef"

@@ -10,8 +10,8 @@ import pytest
 
 from p2pgen.errors import AuthenticationError, GenerationChanged, PeerLost, ProtocolError
 from p2pgen.testing.ports import open_transport
-from p2pgen.testing.rogue import RoguePeer
 from p2pgen.transport import FrameKind, TransportConfig
+from p2pgen_lab.rigs.rogue import RoguePeer
 
 ROGUE = ("peer0", 1000)   # the identity conftest.Target lists as rank 0
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pgen.errors import EncryptionMismatch, PeerLost, ProtocolError
-from p2pgen.testing.rogue import RoguePeer
 from p2pgen.transport import FrameKind, frame, seal
+from p2pgen_lab.rigs.rogue import RoguePeer
 from tests.transport.conftest import CONFIG, JOB, ROGUE, SECRET, Target
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,0 +1,80 @@
+"""Where the time from a fault to the survivors' first commit goes, read from the p2pgen applications' traces.
+
+Owns one split of `to_first_commit_s` (`p2pgen bench recovery`'s step loop): for each survivor, six phases in
+the order the step loop lives them, each from the end of the previous one:
+
+- `detect`: the fault -> the survivor retired its communicator (its collective failed or its watcher saw the
+  member gone; quiescence known);
+- `proposal`: -> its `ready` vote left (the pending generation without the victim reached it through its agent);
+- `vote_commit`: -> the vote came back committed (one Raft commit through its agent);
+- `activation`: -> it activated the certificate (the other votes committed and the certificate reached it);
+- `connect`: -> its communicator of the new generation was built;
+- `first_step`: -> its first commit in the new generation (one whole step, its boundary agreement included).
+
+Invariant: the phases of one survivor add up exactly to its fault -> first-commit time; a fault is split on the
+survivor that committed last (the one `to_first_commit_s` measures), and skipped (None) when a phase's event is
+missing (an older trace, or a survivor that had to pull).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from p2pgen_lab.bench.table import aligned
+
+PHASES = ("detect", "proposal", "vote_commit", "activation", "connect", "first_step")
+Events = list[dict[str, Any]]
+
+
+def _first(events: Events, peer: str, kind: str, after: float, generation: int | None = None) -> dict | None:
+    return next((e for e in events if e["peer"] == peer and e["event"] == kind and e["t"] > after
+                 and (generation is None or e.get("generation") == generation)), None)
+
+
+def survivor_phases(events: Events, peer: str, t0: float) -> dict[str, float] | None:
+    """The six phases (seconds) of one survivor after a fault at wall time t0; None when one is missing."""
+    retire = _first(events, peer, "retire", t0)
+    if retire is None:
+        return None
+    ready = _first(events, peer, "ready", retire["t"])
+    if ready is None or "sent" not in ready:
+        return None
+    generation = ready["generation"]
+    active = _first(events, peer, "active", ready["t"], generation)
+    connected = _first(events, peer, "connected", ready["t"], generation)
+    commit = _first(events, peer, "commit", ready["t"], generation)
+    if active is None or connected is None or commit is None:
+        return None
+    marks = [t0, retire["t"], ready["sent"], ready["t"], active["t"], connected["t"], commit["t"]]
+    return {phase: marks[i + 1] - marks[i] for i, phase in enumerate(PHASES)}
+
+
+def fault_phases(events: Events, survivors: Iterable[str], t0: float) -> dict[str, float] | None:
+    """The phases of the survivor that committed last after the fault (None if any survivor cannot be split)."""
+    split = {p: survivor_phases(events, p, t0) for p in survivors}
+    if not split or any(v is None for v in split.values()):
+        return None
+    return max(split.values(), key=lambda phases: sum(phases.values()))
+
+
+def summarize_phases(per_fault: list[Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """phase -> {p50, max, share}: share is the phase's p50 over the sum of the p50s."""
+    if not per_fault:
+        return {}
+    p50 = {p: statistics.median(f[p] for f in per_fault) for p in PHASES}
+    total = sum(p50.values()) or 1.0
+    return {p: {"n": len(per_fault), "p50": p50[p], "max": max(f[p] for f in per_fault), "share": p50[p] / total}
+            for p in PHASES}
+
+
+def format_phases(title: str, summary: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Rows of a table: phase, p50 ms, max ms, share of the p50 sum."""
+    if not summary:
+        return [f"{title}: no fault could be split (traces without ready.sent / connected events)"]
+    rows = [[title, "p50 ms", "max ms", "share"]]
+    for phase in PHASES:
+        s = summary[phase]
+        rows.append([phase, f"{s['p50'] * 1000:.0f}", f"{s['max'] * 1000:.0f}", f"{s['share'] * 100:.0f} %"])
+    return aligned(rows)
