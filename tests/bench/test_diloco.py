@@ -144,7 +144,7 @@ class _NoHosts:
 def test_json_output_still_draws_the_plot(tmp_path, monkeypatch, capsys) -> None:
     pytest.importorskip("matplotlib")
     from p2pgen import cli
-    from p2pgen.bench import cli as bench_cli
+    from p2pgen_lab.bench import cli as bench_cli
 
     monkeypatch.setattr(bench_cli, "_cluster", lambda command, args: _NoHosts())
     monkeypatch.setattr(diloco, "run_config", lambda hosts, config, workdir, target, seconds, every=0.0:
