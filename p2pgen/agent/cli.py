@@ -344,7 +344,7 @@ def format_show(shown: dict[str, Any]) -> str:
 
 def format_topology(cert: dict[str, Any], links: list[dict[str, Any]]) -> list[str]:
     """Why the ranks are in this order (the certificate's topology: groups, slow crossings, the all_reduce path)
-    and the rates measured between the members' hosts (Mbit/s, the slower direction), as a matrix."""
+    and the rates measured between the members' hosts (Mbit/s, the faster direction), as a matrix."""
     topology, lines = cert.get("topology"), []
     if topology:
         groups = "; ".join(f"{g['name']}: {' '.join(g['members'])}" for g in topology["groups"])

@@ -81,9 +81,11 @@ def rates_text(rates: Mapping[str, float]) -> str:
 
 
 def rate(links: Links, a: str, b: str) -> float | None:
-    """The rate between hosts a and b: the slower direction measured, None if neither was."""
+    """The rate between hosts a and b: the faster direction measured (each direction is measured by another
+    agent at another moment, and contention only ever slows a probe down: one contended probe must not make
+    a link slow), None if neither was."""
     known = [r for r in (links.get((a, b)), links.get((b, a))) if r is not None]
-    return min(known) if known else None
+    return max(known) if known else None
 
 
 def crossings(order: Sequence[Member], slow: Slow) -> int:

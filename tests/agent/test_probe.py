@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from p2pgen.agent.probe import LinkProber, measure, serve_probe
+from p2pgen.agent.probe import MAX_PROBE_BYTES, MIN_ROUND_S, LinkProber, fastest_rate, measure, serve_probe
 from p2pgen.agent.rpc import RpcServer
 from p2pgen.core import GenerationMachine, Links, Ready, Register
 from p2pgen.errors import AuthenticationError, P2PGenError
@@ -69,7 +69,8 @@ def test_the_prober_measures_every_other_host_once_and_submits_one_report(caplog
             raise OSError("connection refused")
         return 9400.0
 
-    prober = LinkProber("10.0.0.1:7000", SECRET, JOB, lambda: raft.machine, raft.submit, measure_fn=fake_measure)
+    prober = LinkProber("10.0.0.1:7000", SECRET, JOB, lambda: raft.machine, raft.submit, measure_fn=fake_measure,
+                        spread_s=0.0)
     raft.down = True
     with caplog.at_level(logging.INFO, logger="p2pgen.agent.probe"):
         with pytest.raises(P2PGenError):
@@ -92,3 +93,42 @@ def test_no_probe_without_an_active_generation_or_when_disabled():
     off = LinkProber("10.0.0.1:7000", SECRET, JOB, lambda: machine, lambda c: None, nbytes=0)
     off.start()
     assert not off._thread.is_alive()
+
+
+class Shaped:
+    """A link of `mbit` Mbit/s behind a token bucket of 1 ms of its traffic (refilled between requests) and
+    `rtt_s` of latency; the first `contended` requests get a third of the link (two other probes share it)."""
+
+    def __init__(self, mbit: float, rtt_s: float = 2e-4, contended: int = 0) -> None:
+        self.bps, self.rtt_s, self.contended, self.sizes = mbit * 1e6 / 8, rtt_s, contended, []
+        self.burst = int(self.bps * 1e-3)
+
+    def __call__(self, size: int) -> float:
+        self.sizes.append(size)
+        share = 3 if len(self.sizes) <= self.contended else 1
+        return self.rtt_s + max(0, size - self.burst) * share / self.bps
+
+
+@pytest.mark.parametrize("mbit", [100.0, 1000.0, 10000.0])
+@pytest.mark.parametrize("contended", [0, 1, 3])
+def test_a_rate_is_within_ten_percent_of_the_link_behind_a_burst_and_contention(mbit, contended):
+    link = Shaped(mbit, contended=contended)
+    measured = fastest_rate(link, 64 << 10, rounds=5)
+    if max(link.sizes) < MAX_PROBE_BYTES:
+        assert 0.9 * mbit <= measured <= 1.1 * mbit, (measured, link.sizes)
+    else:                                             # a link too fast for the largest payload: never slower
+        assert measured >= 0.9 * mbit
+
+
+def test_a_contended_warm_up_that_stops_early_is_resumed_by_the_rounds():
+    link = Shaped(1000.0, contended=3)                # 64 KiB, 128 KiB, 256 KiB contended: the warm-up stops
+    fastest_rate(link, 64 << 10, rounds=5)
+    warm_up_stop = link.sizes.index(max(link.sizes[:4]))
+    assert link.sizes[warm_up_stop] < max(link.sizes)
+    assert Shaped(1000.0)(max(link.sizes)) >= MIN_ROUND_S / 2     # the fastest round lasted half MIN_ROUND_S
+
+
+def test_every_timed_request_after_the_warm_up_is_paused_before():
+    pauses, link = [], Shaped(100.0)
+    fastest_rate(link, 1 << 20, rounds=4, pause=lambda: pauses.append(len(link.sizes)))
+    assert pauses == list(range(1, 5))                # one warm-up request (1 MiB lasts 73 ms), then 4 rounds
