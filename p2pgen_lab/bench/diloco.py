@@ -166,7 +166,7 @@ def _run_p2pgen(hosts: EmulatedCluster, config: Config, workdir: Path, logs: lis
     def start(i: int, first: bool) -> None:
         cluster.start(peers[i], addrs[i], [a for a in addrs if a != addrs[i]],
                       command=[*APP, *config.args(), "--log", str(logs[i]), *common],
-                      extra=(f"--min-members={len(logs)}",) if first else ("--attach-grace=60",))
+                      extra=((f"--min-members={len(logs)}",) if first else ()) + ("--attach-grace=60",))
 
     try:
         for i in range(len(logs)):
