@@ -80,7 +80,7 @@ def iterations(size: int) -> int:
 
 def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20,
         gloo: bool = True, rounds: int = ROUNDS, shm: bool = True, hosts: EmulatedCluster | None = None,
-        encrypt: bool = False, compress: str | None = None) -> list[Row]:
+        encrypt: bool = False, compress: str | None = None, idle: float = 0.0) -> list[Row]:
     """Time every size on both backends.
 
     Args:
@@ -89,6 +89,8 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
         hosts: an emulated cluster already created: rank i runs inside host i.
         encrypt: also time p2pgen with sealed links in the same rounds.
         compress: "int8" or "bf16": also time p2pgen's compressed all_reduce in the same rounds.
+        idle: seconds every rank sleeps before each timed call (not timed): the link idles between
+            collectives, as between DiLoCo's outer steps, so a call pays TCP's restart after idle.
     Raises:
         ValueError: `world` differs from the cluster's host count; an unknown `compress`; `compress` with
             `encrypt`.
@@ -116,7 +118,7 @@ def run(world: int, sizes: list[int], iters: int = 0, chunk_bytes: int = 1 << 20
             for k in range(rounds):
                 names = list(groups) if k % 2 == 0 else list(groups)[::-1]    # who goes first alternates
                 for name in names:
-                    seconds, on_shm, nbytes = groups[name].time(size, n)
+                    seconds, on_shm, nbytes = groups[name].time(size, n, idle)
                     times[name][i].append(seconds)
                     if name in sent:
                         sent[name][i] = nbytes
@@ -307,11 +309,12 @@ class _Group:
             self.close()
             raise
 
-    def time(self, size: int, iters: int) -> tuple[float, bool, int | None]:
-        """The slowest rank's mean seconds per call, whether rank 0's calls ran through shared memory, and the
-        payload bytes rank 0 sent per call (None: gloo, no counters)."""
+    def time(self, size: int, iters: int, idle: float = 0.0) -> tuple[float, bool, int | None]:
+        """The slowest rank's mean seconds per call (each after `idle` seconds of sleep, not timed), whether
+        rank 0's calls ran through shared memory, and the payload bytes rank 0 sent per call (None: gloo, no
+        counters)."""
         for pipe in self.pipes:
-            pipe.send((size, iters))
+            pipe.send((size, iters, idle))
         reports = [pipe.recv() for pipe in self.pipes]
         return max(seconds for seconds, _, _ in reports), reports[0][1], reports[0][2]
 
@@ -354,14 +357,15 @@ def _worker(pipe, backend: str, rank: int, places: list[tuple[str, str]], chunk_
         (step, close), on_shm = _gloo_step(rank, places, store_port), lambda: False
     try:
         while (job := pipe.recv()) is not None:
-            seconds, nbytes = _time(step, *job, counters)
+            seconds, nbytes = _time(step, *job, counters=counters)
             pipe.send((seconds, on_shm(), nbytes))
     finally:
         close()
 
 
-def _time(step, size: int, iters: int, counters=None) -> tuple[float, int | None]:
-    """Mean seconds per call of `step` on `size` bytes of float32, and the payload bytes sent per call."""
+def _time(step, size: int, iters: int, idle: float, counters=None) -> tuple[float, int | None]:
+    """Mean seconds per call of `step` on `size` bytes of float32 (each after `idle` seconds of sleep, which
+    are not timed), and the payload bytes sent per call."""
     import torch
 
     buf = torch.zeros(size // 4, dtype=torch.float32)
@@ -371,11 +375,15 @@ def _time(step, size: int, iters: int, counters=None) -> tuple[float, int | None
         _keep_finite(buf, i)
     step(torch.zeros(1))      # line the ranks up
     before = counters()["bytes_sent"] if counters else 0
-    t0 = time.perf_counter()
+    seconds = 0.0
     for i in range(iters):
+        if idle:
+            time.sleep(idle)
+        t0 = time.perf_counter()
         step(buf)
+        seconds += time.perf_counter() - t0
         _keep_finite(buf, i)
-    seconds = (time.perf_counter() - t0) / iters
+    seconds /= iters
     return seconds, (counters()["bytes_sent"] - before) // iters if counters else None
 
 

@@ -44,6 +44,9 @@ def _add_allreduce(sub: argparse._SubParsersAction) -> None:
                                                                "per-block scales, or bf16) in the same rounds: "
                                                                "time and bytes sent against plain (use with "
                                                                "--no-shm or --hosts)")
+    p.add_argument("--idle", type=float, default=0.0, metavar="S",
+                   help="every rank sleeps S seconds before each timed call (not timed), so the links idle "
+                        "between collectives as between DiLoCo's outer steps (use with --iters)")
     add_cluster_arguments(p, "one rank of each backend")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="also draw bandwidth and time against size, beside gloo, to FILE "
@@ -112,8 +115,8 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         chunk = allreduce.parse_size(args.chunk)
     except ValueError as e:
         raise SystemExit(f"p2pgen bench allreduce: {e}") from None
-    if args.world < 1 or args.rounds < 1:
-        raise SystemExit("p2pgen bench allreduce: --world and --rounds must be at least 1")
+    if args.world < 1 or args.rounds < 1 or not args.idle >= 0:
+        raise SystemExit("p2pgen bench allreduce: --world and --rounds must be at least 1, --idle >= 0")
     if args.compress and args.encrypt:
         raise SystemExit("p2pgen bench allreduce: --compress and --encrypt: measure one at a time")
     plots = _plots_module("allreduce") if args.plot else None
@@ -124,7 +127,7 @@ def _run_allreduce(args: argparse.Namespace) -> int:
             hosts.create()
         rows = allreduce.run(world, sizes, iters=args.iters, chunk_bytes=chunk, gloo=not args.no_gloo,
                              shm=not args.no_shm, rounds=args.rounds, hosts=hosts, encrypt=args.encrypt,
-                             compress=args.compress)
+                             compress=args.compress, idle=args.idle)
     finally:
         if hosts:
             hosts.remove()

@@ -95,3 +95,21 @@ def test_cli_compress_reports_time_and_bytes_sent_beside_plain(capsys):
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["compress"] == "bf16" and row["compressed_s"] > 0
     assert row["sent_bytes"] == 128 << 10 and row["compressed_sent_bytes"] == 64 << 10    # 2 (w-1)/w of size
+
+
+def test_idle_gaps_are_slept_before_each_call_but_not_timed(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(allreduce.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(allreduce.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    calls = []
+
+    def step(buf):
+        calls.append(clock[0])
+        clock[0] += 0.01
+
+    seconds, sent = allreduce._time(step, 4096, iters=4, idle=0.5)
+    assert seconds == pytest.approx(0.01) and sent is None
+    timed = calls[-4:]
+    assert all(b - a == pytest.approx(0.51) for a, b in zip(timed, timed[1:]))    # 0.5 s asleep before each
+    with pytest.raises(SystemExit, match="--idle >= 0"):
+        cli.main(["bench", "allreduce", "--idle", "-1"])
