@@ -68,7 +68,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            "(default: none; the measured link rates decide)")
     join.add_argument("--probe-mib", type=float, default=PROBE_BYTES / (1 << 20), metavar="MIB",
                       help="first payload of the few requests that measure the link to every other host of the "
-                           f"job (doubled up to 8 MiB on a fast link; default {PROBE_BYTES / (1 << 20):g}; 0: never probe)")
+                           f"job (doubled up to 8 MiB on a fast link; default {PROBE_BYTES / (1 << 20):g}; "
+                           "0: never probe)")
     join.add_argument("--http", type=int, metavar="PORT",
                       help="serve a read-only HTML status page of the job on PORT (with --local: PORT, PORT+1, ... "
                            "for each agent)")
