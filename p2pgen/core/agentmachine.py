@@ -9,9 +9,11 @@ A driver turn (`begin_turn`, then observe/decide/perform/advance until a resting
 not be done (no quorum answered in time) is decided again on the next turn, never twice in one.
 
 The actions, in the order a turn considers them:
-    (an event: the application or the standby exited, another agent is lost, `p2pgen recover` asked a re-form)
-    Leave          -> the job is over for this agent (its application finished, failed too often, or stopped at a
-                      boundary for a drain): record the leave and go
+    ReportDeath / StandbyLost / NoteLost / Reform / Leave -> an event, decided first: the application died (tell
+                      the job, with the local copy it left; relaunch it later) or finished (leave), the standby
+                      died, another agent is lost, `p2pgen recover` asked a re-form, the application stopped at a
+                      drain's boundary
+    Leave          -> the application failed more than --max-restarts times: record the leave and go
     Launch / PromoteStandby / Renumber -> admit this peer's member: start its application (or the agent's own
                       member) under a new incarnation
     AskMembership / Rejoin -> find out whether this agent's Raft node still belongs to the job; rejoin if not
@@ -377,7 +379,12 @@ def begin_turn(local: AgentLocal) -> AgentLocal:
 
 def observe(local: AgentLocal, view: AgentView) -> AgentLocal:
     """Fold what the view shows into the driver's memory: since when no Raft leader is heard, and since when
-    the active generation is the one it is now (the standby's quiet)."""
+    the active generation is the one it is now (the standby's quiet).
+
+    Args:
+        local: the driver's memory.
+        view: what it gathered now (nothing is folded while it has no Raft node).
+    """
     if view.machine is None:
         return local
     since = None if view.leader else (local.leaderless_since if local.leaderless_since is not None else view.clock)
@@ -392,7 +399,12 @@ def observe(local: AgentLocal, view: AgentView) -> AgentLocal:
 # --- deciding -----------------------------------------------------------------------------------------------
 
 def decide(view: AgentView, local: AgentLocal) -> Action:
-    """The driver's next action for this view (an event in it first), of a kind not yet performed this turn."""
+    """The driver's next action for this view (an event in it first), of a kind not yet performed this turn.
+
+    Args:
+        view: what the driver gathered, `observe`d into `local`.
+        local: the driver's memory.
+    """
     if local.left:
         return Wait("this agent left the job")
     if view.event is not None:
@@ -406,7 +418,12 @@ def decide(view: AgentView, local: AgentLocal) -> Action:
 
 def next_incarnation(machine: GenerationMachine, local: AgentLocal) -> int:
     """A number no process of this peer ever had: above every one the job saw and every one this agent handed
-    out (a process that died before it registered included), so no two processes share it (I3)."""
+    out (a process that died before it registered included), so no two processes share it (I3).
+
+    Args:
+        machine: the replicated state (its `last_incarnation` of the peer).
+        local: the driver's memory (what it handed out, registers, registered).
+    """
     seen = machine.last_incarnation.get(local.rules.peer_id, 0)
     return max(seen, local.to_register or 0, local.incarnation or 0, local.handed_out) + 1
 
@@ -617,9 +634,15 @@ RULES: tuple[Callable[[AgentView, AgentLocal], Action | None], ...] = (
 # --- advancing ----------------------------------------------------------------------------------------------
 
 def advance(local: AgentLocal, action: Action, outcome: Outcome | None) -> AgentLocal:
-    """What the agent remembers after performing `action`: `outcome` is the job's answer to the command it
-    submitted (DONE for an action that submits none), None when it could not be done now (no quorum answered in
-    time, or the answer was lost: it may have committed)."""
+    """What the agent remembers after performing `action`.
+
+    Args:
+        local: the driver's memory when it decided `action`.
+        action: what it performed.
+        outcome: the job's answer to the command it submitted (DONE for an action that submits none; for
+            `AskMembership`, ok when a live member says this voter is out), None when it could not be done now
+            (no quorum answered in time, or the answer was lost: it may have committed).
+    """
     local = replace(local, done=local.done | {type(action).__name__})
     match action:
         case Configure():
