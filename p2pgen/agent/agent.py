@@ -64,7 +64,7 @@ from p2pgen.core.agentmachine import (
     observe,
 )
 from p2pgen.core.render import history_json, state_json
-from p2pgen.core.steward import Drain
+from p2pgen.core.steward import Drain, drain_asked
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
@@ -216,13 +216,13 @@ class Agent:
             at: when the machine is taken (seconds since the epoch), if the notice said.
         """
         now, wall = time.monotonic(), time.time()
-        left = self.config.drain_timeout if at is None else min(self.config.drain_timeout, max(0.0, at - wall))
-        if self._drain is None or now + left < self._drain.deadline:
-            self._drain = Drain(now if self._drain is None else self._drain.since, now + left,
-                                self.config.state.regress_wait, None if self._drain is None else self._drain.app_asked)
-            self._drain_info = {"why": why, "leaves_by": wall + left, "since": wall}
+        drain = drain_asked(self._drain, now, self.config.drain_timeout, None if at is None else at - wall,
+                            self.config.state.regress_wait)
+        if drain is not None:
+            self._drain, leaves_by = drain, wall + drain.deadline - now
+            self._drain_info = {"why": why, "leaves_by": leaves_by, "since": wall}
             log.warning("draining (%s): this agent leaves the job by %s", why,
-                        time.strftime("%H:%M:%S", time.localtime(wall + left)))
+                        time.strftime("%H:%M:%S", time.localtime(leaves_by)))
         self._leave_requested.set()
         self._events.put(("leave",))          # wakes the driver, whose turn decides when (a drain's step)
 
