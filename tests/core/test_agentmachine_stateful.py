@@ -3,9 +3,9 @@
 `AgentJob` runs the agent of peer `a` (with or without an application, a standby, an attach grace) on the
 transcript interpreter's simulated processes and Raft node, beside peers b and c whose members register, vote,
 suspect a's member and die. Hypothesis interleaves, in any order: driver turns, a's application attaching,
-voting, exiting, stopped and continued, its standby dying or stopped, submits finding no quorum or losing their
-answer, the agent losing its Raft node, its leader, its voter, other agents reported lost, drains, and time
-passing.
+voting, exiting, stopped and continued, stopping at a drain's boundary, the local copy it leaves, its standby
+dying or stopped, submits finding no quorum or losing their answer, the agent losing its Raft node, its leader,
+its voter, other agents reported lost, re-forms, drains, and time passing.
 
 Checked after every step (I3 and the driver's own rules, from what it performed):
 - never two registrations in flight: a registration whose answer was lost is retried with the same number until
@@ -190,6 +190,21 @@ class AgentJob(RuleBasedStateMachine):
     @rule(deadline=st.sampled_from((12.0, 30.0)))
     def drain(self, deadline: float) -> None:
         self.run(f"drain deadline={deadline} wait=8")
+
+    @precondition(lambda self: self.job.drain is not None and self.job.drain.app_asked is not None
+                  and self.app is not None and not self.app.exited and not self.job.local.left)
+    @rule()
+    def app_stops_at_boundary(self) -> None:
+        self.run("boundary")
+
+    @precondition(lambda self: not self.job.local.left)
+    @rule(epoch=st.integers(1, 3))
+    def recover(self, epoch: int) -> None:
+        self.run(f"recover {epoch} 10.0.0.1:7000")
+
+    @rule(revision=st.sampled_from((0, 3, 9)))
+    def local_copy(self, revision: int) -> None:
+        self.run(f"copy {revision} 1" if revision else "copy none")
 
     # --- the other members --------------------------------------------------------------------------------
 
