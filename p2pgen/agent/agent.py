@@ -12,11 +12,12 @@ Threads: the RPC server (one thread per connection), the Raft node(s), the heart
 the link prober, waitpid waiters, and the *driver*, the only thread that decides about this peer's member
 (register it, relaunch its application, vote for an application that did not attach, react to its eviction): it
 consumes events and the latest Raft view, level-triggered (it compares the replicated state with what it wants,
-every turn). Other threads act on Raft too, on request: an RPC thread submits its application's commands and
-prepares a voter node when the leader's voter manager asks (`prepare_voter`), the voter manager changes the
-voter set while this agent's node leads, and the link prober records the rates it measured. The driver never
-blocks for long: registrations, votes and relaunches are retried on its next turn, so an event (a leave, an
-exit) is always handled within a turn.
+every turn). Its decisions are the pure machine `p2pgen.core.agentmachine`: each turn it gathers a view, asks
+the machine, performs what it decided and records the result (gather, decide, perform, advance). Other threads
+act on Raft too, on request: an RPC thread submits its application's commands and prepares a voter node when the
+leader's voter manager asks (`prepare_voter`), the voter manager changes the voter set while this agent's node
+leads, and the link prober records the rates it measured. The driver never blocks for long: registrations, votes
+and relaunches are retried on its next turn, so an event (a leave, an exit) is always handled within a turn.
 Invariants kept:
 - I3: every incarnation this agent registers is new (the last one seen in the replicated state + 1); an
   incarnation it learns was evicted is never used again: the application is killed and restarted once;
@@ -49,9 +50,21 @@ from p2pgen.agent.supervisor import Application
 from p2pgen.agent.voters import VoterManager
 from p2pgen.agent.wire import command_from_wire
 from p2pgen.auth import derive_key
-from p2pgen.core import Command, Configure, Kept, Leave, Links, Outcome, Ready, Register, Suspect
+from p2pgen.core import Command, Configure, Kept, Leave, Links, Outcome, Ready, Suspect
+from p2pgen.core import Register as RegisterCommand
+from p2pgen.core import agentmachine as am
+from p2pgen.core.agentmachine import (
+    DONE,
+    STANDBY_REPLACEMENTS,
+    AgentLocal,
+    AgentRules,
+    advance,
+    begin_turn,
+    decide,
+    observe,
+)
 from p2pgen.core.render import history_json, state_json
-from p2pgen.core.steward import Drain, alone_active, drain_step, hand_over_due, relaunch_due, standby_due, vote_owed
+from p2pgen.core.steward import Drain, drain_asked
 from p2pgen.detect import DetectorConfig
 from p2pgen.errors import P2PGenError
 from p2pgen.raft.node import RaftTiming, RaftUnavailable, RaftView
@@ -66,9 +79,6 @@ PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # 
 PORTS_PER_AGENT = len(PORT_OFFSETS)
 SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
 DRIVER_TURN_S = 0.25            # the driver's longest wait; a new Raft view or any event wakes it at once
-STANDBY_QUIET_S = 1.0           # a standby starts once the application ran this long in the active generation,
-STANDBY_SETTLE_S = 10.0         # ... or this long after it started
-STANDBY_REPLACEMENTS = 3        # standbys that died waiting, in a row, after which the agent keeps none
 
 
 def port_of(control_addr: str, role: str) -> str:
@@ -114,14 +124,6 @@ class AgentConfig:
     encrypt: bool = False                         # the application seals its links (--encrypt: $P2PGEN_ENCRYPT=1)
 
 
-@dataclass
-class _Relaunch:
-    """An application that exited and is to be restarted once its incarnation retired (or the wait is over)."""
-
-    incarnation: int
-    due: float
-
-
 LEAVE_SETTLE_S = 1.5       # a leaving agent waits this long for the job to finish (every member gone)
 
 
@@ -146,30 +148,20 @@ class Agent:
                                          stopping=self._leave_requested.is_set)
         self._view_wake = threading.Event()       # a "view" event is queued and not yet taken by the driver
         self.membership.on_view = self._wake_driver
-        self.incarnation: int | None = None       # incarnation of this peer's current member (registered)
+        self._local = AgentLocal.start(AgentRules(             # the driver's memory (agentmachine)
+            config.peer_id, supervises=bool(config.command),
+            configured=config.min_members <= 1 and not config.state.sets_job_rules, attach_grace=config.attach_grace,
+            max_restarts=config.max_restarts, retire_wait=config.retire_wait, standby=config.standby >= 1,
+            detector_timeout=config.detector.timeout))
         self.app: Application | None = None
         self.app_attached = False
-        self.restarts = 0
-        self.exit_code = 0
         self._events: queue.Queue[tuple] = queue.Queue()
-        self._to_register: int | None = None      # an incarnation to register (retried each turn until it commits)
-        self._handed_out = 0                      # highest incarnation number this agent gave to a process
-        self._relaunch: _Relaunch | None = None
-        self._voted: tuple[int, int] | None = None      # (generation, incarnation) last voted ready for
         self._leaving = threading.Event()
         self._drain: Drain | None = None           # asked to leave: the drain under way (monotonic clock)
         self._drain_info: dict | None = None       # what `show` says of it: why, and the wall time it leaves by
-        self._drain_said = ""
         self._stopped = threading.Event()
-        self._app_kill: tuple[Application, bool] | None = None   # (app, counts as a failure)
-        self._stopped_app: tuple[Application, float] | None = None
+        self._stopped_app: tuple[Application, float] | None = None   # (app, when it was stopped: SIGSTOP)
         self._standby: Application | None = None    # the warm standby, not yet promoted (--standby 1)
-        self._standby_deaths = 0                    # standbys that died while waiting, in a row
-        self._active_seen: tuple[int | None, float] = (None, 0.0)   # (active generation, when first seen here)
-        self._lost: dict[tuple[str, str], str] = {}     # (agent address, instance or "") -> why it is lost
-        self._leaderless_since: float | None = None
-        self._last_membership_check = 0.0
-        self._configured = config.min_members <= 1 and not config.state.sets_job_rules
         self._agents: set[str] = set()            # heartbeat targets (see _heartbeat_targets)
         self._agents_lock = threading.Lock()
         host, port = split_addr(self.addr)
@@ -209,7 +201,6 @@ class Agent:
                 return self.exit_code
             self.voters.start()
             self.prober.start()
-            self._admit_member()
             self._drive()
         finally:
             self._shutdown()
@@ -225,15 +216,15 @@ class Agent:
             at: when the machine is taken (seconds since the epoch), if the notice said.
         """
         now, wall = time.monotonic(), time.time()
-        left = self.config.drain_timeout if at is None else min(self.config.drain_timeout, max(0.0, at - wall))
-        if self._drain is None or now + left < self._drain.deadline:
-            self._drain = Drain(now if self._drain is None else self._drain.since, now + left,
-                                self.config.state.regress_wait, None if self._drain is None else self._drain.app_asked)
-            self._drain_info = {"why": why, "leaves_by": wall + left, "since": wall}
+        drain = drain_asked(self._drain, now, self.config.drain_timeout, None if at is None else at - wall,
+                            self.config.state.regress_wait)
+        if drain is not None:
+            self._drain, leaves_by = drain, wall + drain.deadline - now
+            self._drain_info = {"why": why, "leaves_by": leaves_by, "since": wall}
             log.warning("draining (%s): this agent leaves the job by %s", why,
-                        time.strftime("%H:%M:%S", time.localtime(wall + left)))
+                        time.strftime("%H:%M:%S", time.localtime(leaves_by)))
         self._leave_requested.set()
-        self._events.put(("leave",))          # wakes the driver, whose turn decides when (_leave_once_handed_over)
+        self._events.put(("leave",))          # wakes the driver, whose turn decides when (a drain's step)
 
     def _on_notice(self, found: notice.Notice) -> None:
         self.request_leave(f"termination notice from {self.notices.source if self.notices else '?'}: {found.text}",
@@ -253,58 +244,203 @@ class Agent:
         self.trace.flush()
         self._stopped.set()
 
-    # --- the member of this peer -------------------------------------------------------------------
+    # --- the driver: gather, decide, perform, advance ----------------------------------------------------
 
-    def _admit_member(self) -> None:
-        """Register this peer's member: the application's incarnation, or the agent's own."""
-        if self.config.command:
-            self._launch_app()
-        else:
-            self._to_register = self._next_incarnation()
+    @property
+    def incarnation(self) -> int | None:
+        """The incarnation of this peer's current member (registered)."""
+        return self._local.incarnation
 
-    def _next_incarnation(self) -> int:
-        """A number no process of this peer ever had: above every one the job saw and every one this agent
-        handed to a process (one that died before it registered included), so no two processes share it (I3)."""
-        seen = self.node.view().machine.last_incarnation.get(self.config.peer_id, 0)
-        number = max(seen, self._to_register or 0, self.incarnation or 0, self._handed_out) + 1
-        self._handed_out = number
-        return number
+    @property
+    def restarts(self) -> int:
+        return self._local.restarts
+
+    @property
+    def exit_code(self) -> int:
+        return self._local.exit_code
+
+    def _drive(self) -> None:
+        event: tuple | None = None
+        last = time.monotonic()
+        while not self._stopped.is_set():
+            now = time.monotonic()
+            stalled, last = now - last > self.config.detector.timeout, now
+            if self._turn(event, stalled):
+                return
+            try:
+                event = self._events.get(timeout=DRIVER_TURN_S)
+            except queue.Empty:
+                event = None
+
+    def _turn(self, event: tuple | None, stalled: bool) -> bool:
+        """One driver turn: the event (if any), then every rule of the machine (`agentmachine.decide`) until it
+        rests, each kind of action performed at most once. True once the agent left."""
+        self._local = begin_turn(self._local)
+        happened = self._event_of(event) if event is not None else None
+        if happened is not None:
+            self._step(self._gather(stalled, happened))
+        if self.node is not None and not self._local.left:
+            try:
+                self.membership.settle_pending()
+            except RaftUnavailable as e:
+                self.membership.wait_because(f"no Raft quorum: {e}")
+        while not self._local.left:
+            if isinstance(self._step(self._gather(stalled)), am.RESTING):
+                break
+        return self._local.left
+
+    def _step(self, view: am.AgentView) -> am.Action:
+        self._local = observe(self._local, view)
+        action = decide(view, self._local)
+        try:
+            outcome = self._perform(action)
+        except RaftUnavailable as e:
+            self.membership.wait_because(f"no Raft quorum: {e}")
+            outcome = None
+        self._local = advance(self._local, action, outcome)
+        return action
+
+    def _event_of(self, event: tuple) -> am.Event | None:
+        """What a queued event says to the machine (None: nothing; the turn looks at the view anyway). Exits of
+        a process that is neither the current application nor the waiting standby are of no concern."""
+        kind = event[0]
+        if kind == "view":
+            self._view_wake.clear()
+        elif kind == "app_exited":
+            app, why, clean = event[1:]
+            if not app.promoted.is_set():         # a standby (never an incarnation): not an application exit
+                return am.StandbyExited(app.pid, why) if app is self._standby else None
+            return am.AppExited(app.incarnation, why, clean) if app is self.app else None
+        elif kind == "app_stopped":
+            self._stopped_app = (event[1], event[2])
+        elif kind == "app_continued":
+            self._stopped_app = None
+        elif kind == "app_stopped_at_boundary" and event[1] is self.app:
+            return am.AppStoppedAtBoundary(event[1].incarnation)
+        elif kind == "agent_lost":
+            return am.AgentLost(*event[1:])
+        elif kind == "reform":
+            return am.ReformAsked(*event[1:])
+        return None
+
+    def _gather(self, stalled: bool, event: am.Event | None = None) -> am.AgentView:
+        """What the machine decides on: the Raft view, the processes' status, the agents heard, the drain."""
+        view, now, app, spare = self.membership.view(), time.monotonic(), self.app, self._standby
+        status = None
+        if app is not None:
+            stopped = self._stopped_app
+            status = am.AppStatus(app.incarnation, self.app_attached, now - app.started, app.exited.is_set(),
+                                  now - stopped[1] if stopped is not None and stopped[0] is app else None)
+        leaving = self._leave_requested.is_set()
+        drain = self._drain if leaving else None
+        return am.AgentView(
+            clock=now, wall=time.time(), machine=view.machine if view is not None else None,
+            leader=view is None or view.leader is not None, voter=view is not None and view.voter,
+            removed=view is not None and view.removed, removed_reason=self.membership.removed_reason(),
+            stalled=stalled, app=status,
+            standby=am.StandbyStatus(spare.exited.is_set(), spare.stopped) if spare is not None else None,
+            heard=tuple((addr, a.instance) for addr, a in self.heartbeats.heard().items()),
+            leaving=leaving, drain=drain,
+            local_copy=self._local_copy() if drain is not None and app is not None else None, event=event)
+
+    def _local_copy(self) -> tuple[int, int] | None:
+        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr)
+        return (copy_.revision, copy_.generation) if copy_ is not None and copy_.revision > 0 else None
+
+    def _perform(self, action: am.Action) -> Outcome | None:
+        """Do what the machine decided; the job's answer (DONE for what is no command), None for no answer."""
+        peer = self.config.peer_id
+        match action:
+            case am.Configure():
+                rules = Configure(self.config.min_members, at=time.time(), regress_wait=self.config.state.regress_wait,
+                                  allow_fresh_start=int(self.config.state.allow_fresh_start))
+                return self._submit(rules, "configure")
+            case am.Register(incarnation):
+                return self._register(incarnation)
+            case am.Renumber() | am.NoteLost() | am.Wait():
+                return DONE
+            case am.Launch(incarnation, kill_standby):
+                self._launch_app(incarnation, kill_standby)
+            case am.PromoteStandby(incarnation):
+                self._promote_standby(incarnation)
+            case am.StartStandby():
+                self._standby = self._start_process(None, standby=secrets.token_hex(8))
+                log.info("started standby pid %d for %s", self._standby.pid, peer)
+            case am.StandbyLost(pid, why, deaths):
+                self._standby = None
+                if deaths >= STANDBY_REPLACEMENTS:
+                    log.error("standby pid %d %s while waiting (%d in a row): keeping no standby any more", pid, why,
+                              deaths)
+                else:
+                    log.warning("standby pid %d %s while waiting; replacing it (not counted as a restart)", pid, why)
+            case am.VoteReady(generation, incarnation):
+                outcome = self._submit(Ready(generation, peer, incarnation, "proved", 0, "", 0, at=time.time()),
+                                       f"ready for g{generation}")
+                if outcome is not None:
+                    log.info("ready for g%d: %s", generation, outcome.reason)
+                return outcome
+            case am.KillApp(incarnation, why):
+                assert self.app is not None
+                self._stopped_app = None
+                self._report_app(incarnation, why)
+                self.app.kill()
+            case am.ReportDeath(incarnation, why):
+                self._report_app(incarnation, why, with_copy=True)
+            case am.Evicted(_, why, renumber, kill):
+                if renumber is not None:
+                    log.warning("%s: registering again as a new incarnation", why)
+                elif kill is not None and self.app is not None:
+                    log.warning("%s: restarting the application as a new incarnation", why)
+                    self.app.kill()                 # its exit event relaunches it as a new incarnation
+            case am.EvictLost(suspects):
+                self._suspect(suspects)
+            case am.AskMembership(voter=voter):
+                known = self._known_agents(self.membership.view())
+                answer = self.membership.confirm_not_voter(known) if voter else None
+                return None if answer is None else Outcome(answer, "out of the configuration" if answer else "a voter")
+            case am.Rejoin(why):
+                self.membership.rejoin_as_nonvoter(why, self._known_agents(self.membership.view()))
+                self.heartbeats.reset()
+            case am.Reform(epoch, seed, gone):
+                return self._reform(epoch, seed, gone)
+            case am.HandOver(why, say, where):
+                if say and self._drain is not None:
+                    log.info("draining: %s (%s); it stays until another member holds them (at most %.0f s)", why,
+                             where, self._drain.hand_over_wait)
+            case am.StopApp(why, say) | am.AwaitApp(why, say):
+                if say:
+                    log.info("draining: %s", why)
+                if isinstance(action, am.StopApp):
+                    self._ask_app_to_stop()
+            case am.Leave(why, exit_code, app_stopping, say):
+                if say:
+                    (log.error if exit_code else log.info)("%s", why)
+                self._leave(app_stopping)
+        return DONE
+
+    def _ask_app_to_stop(self) -> None:
+        """The application's watch (a `wait` call) sees the drain's ask at once."""
+        drain = self._drain
+        if drain is None:
+            return
+        self._drain = Drain(drain.since, drain.deadline, drain.hand_over_wait, time.monotonic())
+        if self.node is not None:
+            self.node.wake_waiters()
 
     def _member_addrs(self) -> tuple[tuple[str, str], ...]:
         roles = ("agent", "data", "state", "channel") if self.config.command else ("agent",)
         return tuple((role, port_of(self.addr, role)) for role in roles) + (("agent_instance", self.instance),)
 
-    def _try_register(self) -> None:
-        incarnation = self._to_register
-        if incarnation is None or not self._app_ready_to_register():
-            return
-        if not self._configured:
-            rules = Configure(self.config.min_members, at=time.time(), regress_wait=self.config.state.regress_wait,
-                              allow_fresh_start=int(self.config.state.allow_fresh_start))
-            self._configured = self._submit(rules, "configure") is not None
-            if not self._configured:
-                return
-        outcome = self._submit(Register(self.config.peer_id, incarnation, self._member_addrs(), at=time.time(),
-                                        zone=self.config.zone), f"register {self.config.peer_id}#{incarnation}")
-        if outcome is None:
-            return
-        self._to_register = None
-        if not outcome.ok:
-            log.warning("registration of %s#%d refused: %s; trying a new incarnation", self.config.peer_id,
-                        incarnation, outcome.reason)
-            self._on_evicted(f"registration refused ({outcome.reason})")
-            return
-        self.incarnation = incarnation
-        log.info("registered %s#%d", self.config.peer_id, incarnation)
-
-    def _app_ready_to_register(self) -> bool:
-        """An application becomes a member once it attached (`p2pgen.join()`, after its imports and setup), or
-        once the attach grace is over for one that does not speak p2pgen. Until then the others keep forming
-        generations without it, instead of waiting in every proposal for a process still starting up."""
-        app = self.app
-        if app is None or app.incarnation != self._to_register or self.app_attached:
-            return True
-        return time.monotonic() - app.started >= self.config.attach_grace
+    def _register(self, incarnation: int) -> Outcome | None:
+        peer = self.config.peer_id
+        outcome = self._submit(RegisterCommand(peer, incarnation, self._member_addrs(), at=time.time(),
+                                               zone=self.config.zone), f"register {peer}#{incarnation}")
+        if outcome is not None and not outcome.ok:
+            log.warning("registration of %s#%d refused: %s; trying a new incarnation", peer, incarnation,
+                        outcome.reason)
+        elif outcome is not None:
+            log.info("registered %s#%d", peer, incarnation)
+        return outcome
 
     def _submit(self, command: Command, what: str) -> Outcome | None:
         """Submit within one driver turn; None (and the reason in `waiting`) when no quorum answered in time."""
@@ -358,62 +494,29 @@ class Agent:
                            on_exit=lambda app, why, clean: self._events.put(("app_exited", app, why, clean)),
                            standby=standby)
 
-    def _launch_app(self) -> None:
-        """Start the application's next incarnation: the warm standby promoted if there is one alive (it did its
-        imports already), else a new process. Either way the number is new and registers through Raft."""
-        incarnation = self._next_incarnation()
+    def _launch_app(self, incarnation: int, kill_standby: bool) -> None:
+        """Start the application's incarnation as a new process; the standby is dropped (killed when it was
+        stopped while it waited: it would never attach)."""
         self.app_attached = False
         spare, self._standby = self._standby, None
-        if spare is not None and spare.stopped:    # SIGSTOPped while it waited: it would never attach
+        if kill_standby and spare is not None:
             log.warning("standby pid %d is stopped: killing it and starting the application instead", spare.pid)
             spare.kill()                       # its exit is not an application's (never promoted)
-            spare = None
-        if spare is not None and not spare.exited.is_set():
-            self.app = spare                # before promote(): its attach names the current application
-            spare.promote(incarnation)
-            self._standby_deaths = 0
-            log.info("promoted standby pid %d to %s#%d", spare.pid, self.config.peer_id, incarnation)
-        else:
-            self.app = self._start_process(incarnation)
-            log.info("started application pid %d as %s#%d", self.app.pid, self.config.peer_id, incarnation)
-        self._to_register = incarnation
+        self.app = self._start_process(incarnation)
+        log.info("started application pid %d as %s#%d", self.app.pid, self.config.peer_id, incarnation)
 
-    # --- the warm standby (--standby 1) -------------------------------------------------------------
-
-    def _keep_standby(self) -> None:
-        """Start a standby when the job wants one and none is waiting: once the application ran a second in the
-        active generation (or a while after it started; `standby_due`), so its imports never slow down the start
-        and first steps of the incarnation it would replace. Not while leaving, and not after STANDBY_REPLACEMENTS
-        died in a row."""
-        if (self.config.standby < 1 or not self.config.command or self._standby is not None
-                or self._leave_requested.is_set() or self._standby_deaths >= STANDBY_REPLACEMENTS):
+    def _promote_standby(self, incarnation: int) -> None:
+        """The waiting standby becomes the application's incarnation (one that died since the view was taken is
+        replaced by a new process)."""
+        spare = self._standby
+        if spare is None or spare.exited.is_set():
+            self._launch_app(incarnation, kill_standby=False)
             return
-        app = self.app
-        live = app is not None and not app.exited.is_set() and app.incarnation is not None \
-            and self.incarnation == app.incarnation
-        identity = (self.config.peer_id, app.incarnation) if live and app is not None else None
-        machine, now = self.node.view().machine, time.monotonic()
-        generation = machine.active.generation if machine.active is not None else None
-        if self._active_seen[0] != generation:
-            self._active_seen = (generation, now)
-        if not standby_due(machine, identity, now - app.started if app else 0.0, STANDBY_SETTLE_S,
-                           now - self._active_seen[1], STANDBY_QUIET_S):
-            return
-        self._standby = self._start_process(None, standby=secrets.token_hex(8))
-        log.info("started standby pid %d for %s", self._standby.pid, self.config.peer_id)
-
-    def _on_standby_exit(self, app: Application, why: str) -> None:
-        """A standby died while it waited: replaced at a later turn (not an application restart), at most
-        STANDBY_REPLACEMENTS times in a row."""
+        self.app_attached = False
         self._standby = None
-        if self._leaving.is_set():
-            return
-        self._standby_deaths += 1
-        if self._standby_deaths >= STANDBY_REPLACEMENTS:
-            log.error("standby pid %d %s while waiting (%d in a row): keeping no standby any more", app.pid, why,
-                      self._standby_deaths)
-        else:
-            log.warning("standby pid %d %s while waiting; replacing it (not counted as a restart)", app.pid, why)
+        self.app = spare                    # before promote(): its attach names the current application
+        spare.promote(incarnation)
+        log.info("promoted standby pid %d to %s#%d", spare.pid, self.config.peer_id, incarnation)
 
     def _drop_standby(self) -> None:
         """Kill the waiting standby (leaving, shutting down) and wait for it to be gone."""
@@ -421,8 +524,6 @@ class Agent:
         if spare is not None:
             spare.kill()
             spare.exited.wait(5)
-
-    # --- the driver --------------------------------------------------------------------------------
 
     def _agent_lost(self, peer: str, instance: str, why: str, proven: bool = False) -> None:
         """The heartbeats say another agent is gone: its members are for the driver, its voter (if the
@@ -455,48 +556,7 @@ class Agent:
             self._view_wake.set()
             self._events.put(("view",))
 
-    def _drive(self) -> None:
-        last = time.monotonic()
-        while not self._stopped.is_set():
-            try:
-                event = self._events.get(timeout=DRIVER_TURN_S)
-            except queue.Empty:
-                event = None
-            now = time.monotonic()
-            stalled, last = now - last > self.config.detector.timeout, now
-            try:
-                if event is not None and self._handle(event):
-                    return
-                if self.node is not None:
-                    self._check_own_membership(force=stalled)
-                    self._reconcile()
-            except RaftUnavailable as e:
-                self.membership.wait_because(f"no Raft quorum: {e}")
-            if self._leave_requested.is_set() and self._leave_once_handed_over():
-                return
-
-    def _handle(self, event: tuple) -> bool:
-        """Handle one event; True when the agent is done."""
-        kind = event[0]
-        if kind == "view":
-            self._view_wake.clear()
-        if kind == "app_exited":
-            return self._on_app_exit(*event[1:])
-        if kind == "app_stopped":
-            self._stopped_app = (event[1], event[2])
-        if kind == "app_stopped_at_boundary" and event[1] is self.app and not self._leaving.is_set():
-            log.info("draining: the application stopped at a step boundary; recording the leave while it exits")
-            self._leave(app_stopping=True)
-            return True
-        elif kind == "app_continued":
-            self._stopped_app = None
-        elif kind == "agent_lost":
-            self._evict_agent(*event[1:])
-        elif kind == "reform":
-            self._reform(*event[1:])
-        return False
-
-    def _reform(self, epoch: int, seed: str, gone: tuple[str, ...]) -> None:
+    def _reform(self, epoch: int, seed: str, gone: tuple[str, ...]) -> Outcome:
         """`p2pgen recover` asked this agent to move to a new Raft epoch: as its seed, or by joining it."""
         view = self.membership.view()
         known = self._known_agents(view) if view is not None else ()
@@ -507,194 +567,48 @@ class Agent:
                 self.membership.reform_as_follower(epoch, seed, tuple(a for a in known if a not in gone))
         except P2PGenError as e:
             log.error("re-form to epoch %d refused: %s", epoch, e)
-            return
-        self._leaderless_since = None
-        self._lost.clear()
+            return Outcome.refused(str(e))
         self.heartbeats.reset()
+        return DONE
 
-    def _reconcile(self) -> None:
-        self.membership.settle_pending()
-        self._try_register()
-        self._relaunch_if_due()
-        self._keep_standby()
-        if self._lost:
-            self._evict_lost_agents()
-        view = self.node.view()
-        if self._stopped_app is not None:
-            app, since = self._stopped_app
-            if app is self.app and time.monotonic() - since > self.config.detector.timeout:
-                self._stopped_app = None
-                self._report_app(app, f"application stopped for more than {self.config.detector.timeout:.2f} s")
-                self._kill_app(app, counted=True)
-        if self.incarnation is None:
-            return
-        machine = view.machine
-        if machine.was_evicted(self.config.peer_id, self.incarnation):
-            evicted, self.incarnation = self.incarnation, None
-            self._on_evicted(f"{self.config.peer_id}#{evicted} was evicted by the job")
-            return
-        self._vote_for_member(view)
-
-    def _vote_for_member(self, view: RaftView) -> None:
-        assert self.incarnation is not None
-        generation = vote_owed(view.machine, self.config.peer_id, self.incarnation, self._voted)
-        if generation is None or not self._votes_for_member():
-            return
-        outcome = self._submit(Ready(generation, self.config.peer_id, self.incarnation, "proved", 0, "", 0,
-                                     at=time.time()), f"ready for g{generation}")
-        if outcome is not None:
-            self._voted = (generation, self.incarnation)
-            log.info("ready for g%d: %s", generation, outcome.reason)
-
-    def _votes_for_member(self) -> bool:
-        """The agent votes for itself, or for an application that did not attach within the grace period."""
-        if self.app is None:
-            return True
-        return not self.app_attached and time.monotonic() - self.app.started > self.config.attach_grace
-
-    def _check_own_membership(self, force: bool) -> None:
-        """Find out whether our Raft node still belongs to the job, and rejoin under a new identity if not.
-        Certain: our voter applied its own removal. Asked of live members (at most once a second): after our
-        own stall, when the others refuse our voter, or when no leader was heard for long. A non-voting
-        member without a leader for long rebuilds its node from fresh hellos (the voters it knew may be gone)."""
-        view = self.node.view()
-        now = time.monotonic()
-        if view.leader is not None:
-            self._leaderless_since = None
-        elif self._leaderless_since is None:
-            self._leaderless_since = now
-        long_leaderless = (self._leaderless_since is not None
-                           and now - self._leaderless_since > 2 * self.config.detector.timeout)
-        why = self.membership.removed_reason()
-        if view.removed:
-            self._rejoin(why, view)
-            return
-        if why is None and not force and not long_leaderless:
-            return
-        if now - self._last_membership_check < 1.0:
-            return
-        self._last_membership_check = now
-        if not view.voter:
-            if long_leaderless:
-                self._rejoin("no leader heard for a long time", view)
-            return
-        if self.membership.confirm_not_voter(self._known_agents(view)) is True:
-            self._rejoin(why or "a live member says this voter is no longer in the configuration", view)
-
-    def _rejoin(self, why: str, view: RaftView) -> None:
-        self._leaderless_since = None
-        self.membership.rejoin_as_nonvoter(why, self._known_agents(view))
-        self._lost.clear()              # judged before the rejoin: judged afresh, as the heartbeats are
-        self.heartbeats.reset()
-
-    def _known_agents(self, view: RaftView) -> tuple[str, ...]:
+    def _known_agents(self, view: RaftView | None) -> tuple[str, ...]:
+        if view is None:
+            return ()
         agents = {control_addr_of(n) for n in view.nodes}
         agents |= {m.addr("agent") for m in view.machine.members if m.addr("agent")}
         return tuple(sorted(agents - {self.addr}))
 
-    def _on_evicted(self, why: str) -> None:
-        if self.app is None:
-            log.warning("%s: registering again as a new incarnation", why)
-            self._to_register = self._next_incarnation()
-        elif self._app_kill is None or self._app_kill[0] is not self.app:
-            log.warning("%s: restarting the application as a new incarnation", why)
-            self._kill_app(self.app, counted=False)     # its exit event relaunches it as a new incarnation
-
-    def _kill_app(self, app: Application, counted: bool) -> None:
-        self._app_kill = (app, counted)
-        app.kill()
-
-    def _on_app_exit(self, app: Application, why: str, clean: bool) -> bool:
-        if not app.promoted.is_set():             # a standby (never an incarnation): not an application exit
-            if app is self._standby:
-                self._on_standby_exit(app, why)
-            return False
-        if app is not self.app or self._leaving.is_set():
-            return False
-        counted = self._app_kill is None or self._app_kill[0] is not app or self._app_kill[1]
-        self._app_kill = None
-        if clean:
-            log.info("application finished cleanly; leaving the job")
-            self._leave()
-            return True
-        self._report_app(app, f"application {why}", with_copy=True)
-        if counted:
-            self.restarts += 1
-            if self.restarts > self.config.max_restarts:
-                log.error("application failed %d times (--max-restarts %d); leaving the job",
-                          self.restarts, self.config.max_restarts)
-                self.exit_code = 1
-                self._leave()
-                return True
-        if self.incarnation == app.incarnation:
-            self.incarnation = None
-        if self._to_register == app.incarnation:
-            self._to_register = None
-        self._relaunch = _Relaunch(app.incarnation, time.monotonic() + self.config.retire_wait)
-        return False
-
-    def _relaunch_if_due(self) -> None:
-        """Relaunch once the others certified a generation without the dead incarnation (bounded wait: if
-        nobody else can form one, go on)."""
-        relaunch = self._relaunch
-        if relaunch is None:
-            return
-        if not relaunch_due(self.node.view().machine, (self.config.peer_id, relaunch.incarnation), time.monotonic(),
-                            relaunch.due):
-            return
-        self._relaunch = None
-        self._launch_app()
-
-    def _report_app(self, app: Application, why: str, with_copy: bool = False) -> None:
+    def _report_app(self, incarnation: int, why: str, with_copy: bool = False) -> None:
         """Tell the job the application is gone; `with_copy` (it died): also what it left in its local copy on
         this host, which the next incarnation restores, so a generation that would resume below it waits for that
         one (bounded). The copy goes in the same entry as the removal (no survivor's vote can be elected between
         the two), or, when the removal was already recorded, as `Kept`."""
-        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr) if with_copy else None
+        peer = self.config.peer_id
+        copy_ = self.config.state.describe_local(self.config.job, peer, self.addr) if with_copy else None
         if copy_ is not None and copy_.revision <= 0:
             copy_ = None
         kept = {"kept_revision": copy_.revision, "kept_digest": copy_.digest, "kept_lineage": copy_.generation} \
             if copy_ is not None else {}
-        outcome = self._submit(Suspect(self.config.peer_id, self.config.peer_id, app.incarnation, why,
-                                       at=time.time(), **kept), f"report {self.config.peer_id}#{app.incarnation}")
+        outcome = self._submit(Suspect(peer, peer, incarnation, why, at=time.time(), **kept),
+                               f"report {peer}#{incarnation}")
         if outcome is None:
             return
-        log.info("reported %s#%d: %s", self.config.peer_id, app.incarnation, outcome.reason)
+        log.info("reported %s#%d: %s", peer, incarnation, outcome.reason)
         if copy_ is not None and outcome.ok:
-            log.info("%s#%d left a local copy of revision %d", self.config.peer_id, app.incarnation, copy_.revision)
+            log.info("%s#%d left a local copy of revision %d", peer, incarnation, copy_.revision)
         elif copy_ is not None:
-            outcome = self._submit(Kept(self.config.peer_id, app.incarnation, copy_.revision, copy_.digest,
-                                        copy_.generation, at=time.time()),
-                                   f"report the local copy of {self.config.peer_id}#{app.incarnation}")
+            outcome = self._submit(Kept(peer, incarnation, copy_.revision, copy_.digest, copy_.generation,
+                                        at=time.time()), f"report the local copy of {peer}#{incarnation}")
             if outcome is not None:
                 log.info("%s", outcome.reason)
 
-    def _evict_agent(self, control_addr: str, instance: str, why: str) -> None:
-        """Another agent is gone (silent, or replaced by a new process): its members are suspected now and
-        at every turn after, until none is left in the job (a Suspect that found no quorum is not dropped)
-        or that process is heard again. An empty `instance` (an agent never heard) means any process there."""
-        self._lost[(control_addr, instance)] = why
-        self._evict_lost_agents()
-
-    def _evict_lost_agents(self) -> None:
-        """Suspect every member run by an agent reported lost. A member registered by a newer process at
-        that address (another agent instance) is left alone."""
-        heard = self.heartbeats.heard()
-        members = self.node.view().machine.members
-        for (addr, instance), why in list(self._lost.items()):
-            back = heard.get(addr)
-            heard_again = back is not None and (not instance or back.instance == instance)
-            doomed = [m for m in members if m.addr("agent") == addr
-                      and (not instance or m.addr("agent_instance") in (None, instance))]
-            if not doomed or heard_again:
-                del self._lost[(addr, instance)]
-                continue
-            for member in doomed:
-                outcome = self._submit(Suspect(self.config.peer_id, member.peer_id, member.incarnation,
-                                               f"agent {addr} {why}", at=time.time()),
-                                       f"suspect {member.peer_id}#{member.incarnation}")
-                if outcome is not None:
-                    log.info("suspected %s#%d: %s", member.peer_id, member.incarnation, outcome.reason)
+    def _suspect(self, suspects: tuple[tuple[str, int, str], ...]) -> None:
+        """Suspect the members of lost agents (each turn, until none is left in the job)."""
+        for peer_id, incarnation, why in suspects:
+            outcome = self._submit(Suspect(self.config.peer_id, peer_id, incarnation, why, at=time.time()),
+                                   f"suspect {peer_id}#{incarnation}")
+            if outcome is not None:
+                log.info("suspected %s#%d: %s", peer_id, incarnation, outcome.reason)
 
     def _leave(self, app_stopping: bool = False) -> None:
         """Leave the job: stop the application, delete its local copy, record the leave, give up leadership and
@@ -751,46 +665,6 @@ class Agent:
         assert self.app is not None
         self.app.terminate(grace=2.0)
         self.config.state.remove_local(self.config.job, self.config.peer_id, self.addr)
-
-    def _leave_once_handed_over(self) -> bool:
-        """A drain's turn (`drain_step`): hand the state over first if this peer alone holds steps another member
-        can take (it is the whole active generation, or its dead application left the local copy the job waits
-        for: the agent goes on as before, its application training or restarting to restore that copy, at most
-        --regress-wait); then ask the application to stop at its next step boundary (it exits on its own, and
-        its exit leaves the job); then leave, by the drain's deadline whatever happens. True once the agent has
-        left."""
-        drain = self._drain
-        assert drain is not None               # set by request_leave before the flag that calls this
-        app = self.app
-        stoppable = app is not None and self.app_attached and not app.exited.is_set()
-        move, why = drain_step(drain, time.monotonic(), self._hand_over_due(), stoppable)
-        if why != self._drain_said:
-            self._drain_said = why
-            log.info("draining: %s", why if move != "stay" else f"{why} ({self._only_copy_where()}); it stays "
-                     f"until another member holds them (at most {drain.hand_over_wait:.0f} s)")
-        if move == "stop_app":               # the application's watch (a `wait` call) sees it at once
-            self._drain = Drain(drain.since, drain.deadline, drain.hand_over_wait, time.monotonic())
-            if self.node is not None:
-                self.node.wake_waiters()
-        if move != "leave":
-            return False
-        self._leave()
-        return True
-
-    def _hand_over_due(self) -> bool:
-        """Whether `hand_over_due` holds for this peer now (an agent without an application hands nothing over)."""
-        view = self.membership.view()
-        if view is None or self.app is None:
-            return False
-        copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr)
-        local = (copy_.revision, copy_.generation) if copy_ is not None and copy_.revision > 0 else None
-        return hand_over_due(view.machine, (self.config.peer_id, self.incarnation), time.time(), local)
-
-    def _only_copy_where(self) -> str:
-        view = self.membership.view()
-        if view is not None and alone_active(view.machine, (self.config.peer_id, self.incarnation)):
-            return "its member alone is the active generation"
-        return "the local copy its application left on this host, which the job waits for"
 
     # --- heartbeats ----------------------------------------------------------------------------------
 
@@ -917,7 +791,7 @@ class Agent:
                              f"({app.incarnation if app else 'none'}): a stale process must exit (I3)")
         self.app_attached = True
         self._events.put(("attached",))           # wakes the driver: it registers the member now
-        voted = self._voted is not None and self._voted[1] == app.incarnation
+        voted = self._local.voted is not None and self._local.voted[1] == app.incarnation
         return {"peer_id": self.config.peer_id, "incarnation": app.incarnation, "agent_voted": voted}
 
     def _rpc_standby(self, params: dict) -> dict:

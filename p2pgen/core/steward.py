@@ -45,6 +45,27 @@ class Drain:
         return max(self.since, self.deadline - LEAVE_RESERVE_S)
 
 
+def drain_asked(current: Drain | None, now: float, timeout: float, until_taken: float | None,
+                hand_over_wait: float) -> Drain | None:
+    """The drain after a request to leave (SIGTERM, the `leave` RPC, a spot notice): gone within `timeout`
+    seconds, or before the machine is taken if earlier; a second request can only bring the deadline forward
+    (None: the drain under way already ends earlier, it stands).
+
+    Args:
+        current: the drain under way, if any.
+        now: the monotonic clock.
+        timeout: the longest drain (`--drain-timeout`).
+        until_taken: seconds until the machine is taken, if the notice said (never below 0).
+        hand_over_wait: the longest wait for another member to take the state (--regress-wait).
+    """
+    left = timeout if until_taken is None else min(timeout, max(0.0, until_taken))
+    if current is not None and now + left >= current.deadline:
+        return None
+    if current is None:
+        return Drain(now, now + left, hand_over_wait)
+    return Drain(current.since, now + left, hand_over_wait, current.app_asked)
+
+
 def drain_step(drain: Drain, now: float, hand_over: bool, app_stoppable: bool) -> tuple[str, str]:
     """The next move of a drain, with its reason: "stay" (the application trains on, holding the only copy of
     state another member can take), "stop_app" (ask the application to stop at its next step boundary: it

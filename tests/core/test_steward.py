@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from p2pgen.core import Configure, GenerationMachine, Leave, LogPosition, Ready, Register, Suspect, Synced
-from p2pgen.core.steward import hand_over_due, relaunch_due, standby_due, vote_owed
+from p2pgen.core.steward import Drain, drain_asked, hand_over_due, relaunch_due, standby_due, vote_owed
 
 
 def machine_of(*commands) -> GenerationMachine:
@@ -158,3 +158,13 @@ def test_a_drain_whose_deadline_is_already_near_leaves_at_once():
 
     assert Drain(since=50.0, deadline=52.0, hand_over_wait=20.0).leave_by == 50.0
     assert drain_step(Drain(50.0, 52.0, 20.0), 50.0, hand_over=True, app_stoppable=True)[0] == "leave"
+
+
+def test_a_drain_ends_by_its_timeout_or_the_notice_and_a_second_request_only_brings_it_forward():
+    first = drain_asked(None, now=100.0, timeout=25.0, until_taken=None, hand_over_wait=30.0)
+    assert first == Drain(100.0, 125.0, 30.0)
+    assert drain_asked(None, 100.0, 25.0, until_taken=5.0, hand_over_wait=30.0).deadline == 105.0
+    assert drain_asked(None, 100.0, 25.0, until_taken=-3.0, hand_over_wait=30.0).deadline == 100.0   # taken already
+    asked = Drain(100.0, 125.0, 30.0, app_asked=101.0)
+    assert drain_asked(asked, 102.0, 25.0, None, 30.0) is None                 # later than the drain under way
+    assert drain_asked(asked, 102.0, 25.0, 10.0, 30.0) == Drain(100.0, 112.0, 30.0, app_asked=101.0)
