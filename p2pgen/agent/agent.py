@@ -695,7 +695,7 @@ class Agent:
             "reform": self._rpc_reform,
             "show": self._rpc_show, "history": self._rpc_history, "submit": self._rpc_submit,
             "wait": self._rpc_wait, "attach": self._rpc_attach, "leave": self._rpc_leave,
-            "standby": self._rpc_standby, "probe": serve_probe,
+            "standby": self._rpc_standby, "stopped": self._rpc_stopped, "probe": serve_probe,
         }
 
     def _require_view(self) -> RaftView:
