@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(240)
 
 APP = [sys.executable, str(Path(__file__).parent / "apps" / "diloco_train.py")]
 STEPS = 60
+HOLD_AT = 40        # the three survivors wait there for the two joiners (still importing torch under load)
 
 
 def trace_events(directory: Path) -> list[dict]:
@@ -48,7 +49,7 @@ def test_outer_revisions_equal_the_serial_history_across_kills_and_joins(cluster
         d.mkdir()
     env = {"DILOCO_STEPS": STEPS, "DILOCO_MARKERS": dirs["markers"], "P2PGEN_SUMMARY_DIR": dirs["summaries"],
            "P2PGEN_TRACE_DIR": dirs["traces"], "DILOCO_INNER_DELAY": 0.04,
-           "DILOCO_FAULTS": "p1:inner:4,p2:after_allreduce:9",
+           "DILOCO_FAULTS": "p1:inner:4,p2:after_allreduce:9", "DILOCO_HOLD": f"{HOLD_AT}:5",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))

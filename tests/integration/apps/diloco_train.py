@@ -10,7 +10,9 @@ global parameters and its (revision, rank, world): `reference` replays the contr
 traces and must give every committed revision bit for bit.
 
 Faults (env DILOCO_FAULTS="peer:point:revision,...", point in {inner, after_allreduce}) make this process
-SIGKILL itself once (a marker file in DILOCO_MARKERS records that it fired).
+SIGKILL itself once (a marker file in DILOCO_MARKERS records that it fired). DILOCO_HOLD="REVISION:WORLD"
+makes the members wait at step boundaries from REVISION on until their generation has WORLD members, so that
+joiners still starting up join before the job reaches its last revision.
 """
 
 from __future__ import annotations
@@ -155,9 +157,13 @@ def main() -> None:
         maybe_fault(peer.peer_id, "inner", batch.revision)
         return loss(batch)
 
+    hold_at, hold_world = (int(v) for v in os.environ.get("DILOCO_HOLD", "0:0").split(":"))
     for step in peer.steps():
         if state.revision >= steps:
             break
+        if hold_world and state.revision >= hold_at and step.world < hold_world:
+            time.sleep(0.05)                   # a step boundary: the next generation forms here
+            continue
         with step:
             diloco.outer_step(FaultyCommit(step, peer.peer_id), inner)
     summary = {"peer": peer.peer_id, "incarnation": peer.incarnation, "revision": state.revision,
