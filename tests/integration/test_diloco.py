@@ -29,7 +29,8 @@ pytestmark = pytest.mark.timeout(240)
 
 APP = [sys.executable, str(Path(__file__).parent / "apps" / "diloco_train.py")]
 STEPS = 60
-HOLD_AT = 40        # the three survivors wait there for the two joiners (still importing torch under load)
+HOLD_AT = 40        # from there the survivors slow down (30 s for the last 20 revisions) while the two joiners
+                    # are still importing torch under load
 
 
 def trace_events(directory: Path) -> list[dict]:

@@ -11,8 +11,10 @@ traces and must give every committed revision bit for bit.
 
 Faults (env DILOCO_FAULTS="peer:point:revision,...", point in {inner, after_allreduce}) make this process
 SIGKILL itself once (a marker file in DILOCO_MARKERS records that it fired). DILOCO_HOLD="REVISION:WORLD"
-makes the members wait at step boundaries from REVISION on until their generation has WORLD members, so that
-joiners still starting up join before the job reaches its last revision.
+slows the members down from REVISION on (a pause of HOLD_PAUSE_S before each step) while their generation has
+fewer than WORLD members, so that joiners still starting up join before the job reaches its last revision.
+The steps still run and commit: a pending generation is joined at a commit, so a member that stopped stepping
+would never let the joiners in.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 GRID = 2.0 ** -20
+HOLD_PAUSE_S = 1.5
 BATCH, SYNC_EVERY, INNER_LR, OUTER_LR, OUTER_MOMENTUM = 12, 4, 2.0 ** -5, 0.75, 0.5
 W_STAR = torch.arange(32, dtype=torch.float64).reshape(4, 8) % 7 - 3
 
@@ -162,8 +165,7 @@ def main() -> None:
         if state.revision >= steps:
             break
         if hold_world and state.revision >= hold_at and step.world < hold_world:
-            time.sleep(0.05)                   # a step boundary: the next generation forms here
-            continue
+            time.sleep(HOLD_PAUSE_S)
         with step:
             diloco.outer_step(FaultyCommit(step, peer.peer_id), inner)
     summary = {"peer": peer.peer_id, "incarnation": peer.incarnation, "revision": state.revision,
