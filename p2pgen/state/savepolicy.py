@@ -75,7 +75,7 @@ def decide(policy: SavePolicy, revision: int, snapshotted: int, writer_busy: boo
 def save_period(policy: SavePolicy, step_s: float, save_s: float) -> int:
     """The revisions between two snapshots: the smallest `policy.every` times a power of two over which a
     save costing `save_s` stays within `policy.budget` of steps of `step_s` seconds (`every` while nothing
-    is measured).
+    is measured); past `policy.max_lag` it stops doubling (the save is then forced every `max_lag` revisions).
 
     Args:
         policy: the cadence and the budget.
@@ -83,7 +83,7 @@ def save_period(policy: SavePolicy, step_s: float, save_s: float) -> int:
         save_s: the seconds the last save cost (0: none yet).
     """
     period = policy.every
-    needed = save_s / (policy.budget * step_s) if step_s > 0 and save_s > 0 else 0.0
-    while period < needed:
+    needed = save_s / policy.budget / step_s if step_s > 0 and save_s > 0 else 0.0     # inf when it overflows
+    while period < needed and period <= policy.max_lag:     # past max_lag the forced saves take over
         period *= 2
     return period

@@ -72,6 +72,7 @@ def test_a_cheaper_snapshot_is_never_refused_where_a_dearer_one_was_taken(revisi
 @pytest.mark.parametrize("every, step_s, save_s, want", [
     (1, 0.0, 0.0, 1), (1, 0.1, 0.0, 1), (1, 0.0, 1.0, 1), (3, 0.0, 0.0, 3), (3, 0.1, 0.04, 12),
     (1, 0.1, 0.005, 1), (1, 0.1, 0.0051, 2), (1, 0.1, 0.04, 8), (1, 0.1, 0.041, 16), (8, 0.1, 0.001, 8),
+    (1, 5e-324, 1.0, 128), (1, 1e-300, 1e300, 128),      # a cost no period fits (even an infinite ratio): past max_lag
 ])
 def test_the_period_is_every_times_the_smallest_power_of_two_within_budget(every, step_s, save_s, want):
     assert save_period(SavePolicy(every=every), step_s, save_s) == want
