@@ -371,9 +371,10 @@ class HeartbeatRunner:
 
     def _hears_no_one(self, targets: set[str], now: float) -> bool:
         """Every other agent silent at once (`p2pgen.core.heartbeats.hears_no_one`): none heard for half the
-        detector's floor, though at least two are there to hear. Then this agent's own deafness (its receive path starved or stopped, a partition
-        around it) is likelier than their simultaneous failures, and it blames no one: an agent of a job
-        that hears none of its peers could not commit a suspicion anyway; those that hear each other judge.
+        detector's floor, though at least two are there to hear. Then this agent's own deafness (its receive
+        path starved or stopped, a partition around it) is likelier than their simultaneous failures, and it
+        blames no one: an agent of a job that hears none of its peers could not commit a suspicion anyway;
+        those that hear each other judge.
         A stress run showed the cost of blaming: an agent back from a stop and a rejoin heard no one for
         0.9 s and had four live agents' members evicted one after the other. It still tells the silent ones
         that it cannot hear them (its heartbeats' unheard list): if it stays deaf, they report it."""

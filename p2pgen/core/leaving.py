@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "LeavePlan", "Said", "Shrink", "leave_plan", "said_after_asking", "said_without_quorum",
-    "shrink_plan",
+    "CONFIRMED_OUT", "FINISHED", "FINISHED_MEANWHILE", "LEFT_LAST", "NO_QUORUM", "LeavePlan", "Said", "Shrink",
+    "leave_plan", "said_after_asking", "said_without_quorum", "shrink_plan",
 ]
 
 
