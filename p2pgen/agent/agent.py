@@ -63,6 +63,8 @@ from p2pgen.core.agentmachine import (
     decide,
     observe,
 )
+from p2pgen.core.heartbeats import acts_on_loss
+from p2pgen.core.leaving import Said, leave_plan, said_after_asking, said_without_quorum, shrink_plan
 from p2pgen.core.render import history_json, state_json
 from p2pgen.core.steward import Drain, drain_asked
 from p2pgen.detect import DetectorConfig
@@ -131,6 +133,11 @@ def _job_finished(view: RaftView | None) -> bool:
     """Every member left (the job is over): a leaving agent then has nothing to hand over or record, and
     the agents leaving last would wait in vain for a quorum of agents that have already gone."""
     return view is not None and not view.machine.members
+
+
+def _say(said: Said, *args: object) -> None:
+    """Log a sentence the pure leave plan chose."""
+    log.log(logging.getLevelName(said.level.upper()), said.text, *args)
 
 
 class Agent:
@@ -535,9 +542,9 @@ class Agent:
         (a stress run: an agent's 10.8 s re-join left three live members' agents silent to it, and the
         suspicions it queued then evicted them once it was back). The heartbeats are reset when the node
         is there, so a peer that is really gone is judged again within the timeout. Proofs (a refusal, a
-        new process at the address) are acted on whenever they come."""
+        new process at the address) are acted on whenever they come (`p2pgen.core.heartbeats.acts_on_loss`)."""
         node = self.node          # the heartbeat thread calls this: between two Raft nodes there is none
-        if node is None and not proven:
+        if not acts_on_loss(node is not None, proven):
             log.info("not acting on %s (%s): judged while this agent has no Raft node; judged afresh once it has",
                      peer, why)
             return
@@ -614,45 +621,40 @@ class Agent:
         """Leave the job: stop the application, delete its local copy, record the leave, give up leadership and
         the Raft voter. `app_stopping`: the application stopped at a step boundary and is exiting by itself (a
         drain): the leave is recorded first, so the others go on at once, and the application is given until
-        the drain's deadline to finish (it still serves its state meanwhile)."""
+        the drain's deadline to finish (it still serves its state meanwhile). The steps and what is said are the
+        pure plan's (`p2pgen.core.leaving`); this performs them."""
+        plan = leave_plan(self.app is not None, app_stopping, self.node is not None, self.incarnation is not None)
         self._leaving.set()
         self._drop_standby()
-        if self.app is not None and not app_stopping:
+        if plan.stop_app:
             self._stop_app()
-        if self.node is None:
+        if not plan.raft:
             return
-        member_recorded = self.incarnation is None      # no member to record the leave of
+        recorded = not plan.record      # no member to record the leave of
         try:
             try:
-                if self.incarnation is not None:
+                if plan.record and self.incarnation is not None:
                     self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
-                    member_recorded = True
+                    recorded = True
             finally:
-                if self.app is not None and app_stopping:
+                if plan.await_app:
                     self._await_app_exit()
             view = self.node.wait_view(_job_finished, LEAVE_SETTLE_S) or self.node.view()
-            if _job_finished(view):
-                log.info("left: every member of the job has left, so no Raft configuration is left to shrink")
+            shrink = shrink_plan(_job_finished(view), view.voter, len(view.nodes), view.is_leader)
+            if shrink.said is not None:
+                _say(shrink.said)
                 return
-            if view.voter and len(view.nodes) > 1:
-                if view.is_leader:
-                    self.node.transfer_leadership()
-                    self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
+            if shrink.transfer_leadership:
+                self.node.transfer_leadership()
+                self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
+            if shrink.remove_voter:
                 self.node.remove_node(view.node_id, timeout=3.0)
         except RaftUnavailable as e:
-            if _job_finished(self.node.view()):
-                log.info("left: every member of the job has left meanwhile (%s); nothing is left to record", e)
-                return
-            if not set(self.heartbeats.heard()) - {self.addr}:
-                log.info("left last: no other agent is heard any more, so no quorum is left to record it (%s)", e)
-                return
-            if member_recorded and self.membership.confirm_not_voter(self._known_agents(self.node.view())) is True:
-                log.info("left: a live member confirms this agent's voter is out of the Raft configuration (a "
-                         "removed node never hears the commit of its own removal: %s)", e)
-                return
-            log.warning("left without a Raft quorum to record it (%s): the others will detect this agent's "
-                        "absence and replace it as a voter; nothing to do unless no agent is left running",
-                        e)
+            others_heard = bool(set(self.heartbeats.heard()) - {self.addr})
+            said = said_without_quorum(_job_finished(self.node.view()), others_heard, recorded)
+            if said is None:
+                said = said_after_asking(self.membership.confirm_not_voter(self._known_agents(self.node.view())))
+            _say(said, e)
 
     def _await_app_exit(self) -> None:
         """A drained application exits by itself: wait for it until the drain's deadline, then stop it."""

@@ -52,6 +52,7 @@ import msgpack
 
 from p2pgen import faults
 from p2pgen.auth import prove, verify
+from p2pgen.core.heartbeats import hears_no_one
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
 
@@ -369,16 +370,17 @@ class HeartbeatRunner:
                                                  "(it speaks but cannot listen: a one-way loss)")
 
     def _hears_no_one(self, targets: set[str], now: float) -> bool:
-        """Every other agent silent at once: none heard for half the detector's floor, though at least two
-        are there to hear. Then this agent's own deafness (its receive path starved or stopped, a partition
-        around it) is likelier than their simultaneous failures, and it blames no one: an agent of a job
-        that hears none of its peers could not commit a suspicion anyway; those that hear each other judge.
+        """Every other agent silent at once (`p2pgen.core.heartbeats.hears_no_one`): none heard for half the
+        detector's floor, though at least two are there to hear. Then this agent's own deafness (its receive
+        path starved or stopped, a partition around it) is likelier than their simultaneous failures, and it
+        blames no one: an agent of a job that hears none of its peers could not commit a suspicion anyway;
+        those that hear each other judge.
         A stress run showed the cost of blaming: an agent back from a stop and a rejoin heard no one for
         0.9 s and had four live agents' members evicted one after the other. It still tells the silent ones
         that it cannot hear them (its heartbeats' unheard list): if it stays deaf, they report it."""
         with self._lock:
             others = targets - self._reported
-        return len(others) >= 2 and now - self._last_arrival > self.config.floor / 2
+        return hears_no_one(len(others), now - self._last_arrival, self.config.floor)
 
     def _replayed(self, sender: str, instance: str, seq: int) -> bool:
         """Whether this heartbeat is not newer than the last one of its process, or comes from a process

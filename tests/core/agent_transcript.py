@@ -12,7 +12,9 @@ standby, its Raft node and heartbeats) without processes:
     exits [why=TEXT] [clean=1]    the application exits, then a turn (the exit is its event)
     standby_dies [why=TEXT]       the waiting standby dies, then a turn
     boundary         the application stopped at a step boundary (a drain asked it), then a turn
-    lost ADDR [instance=I] [why=TEXT]   the heartbeats lose the agent at ADDR, then a turn
+    lost ADDR [instance=I] [why=TEXT] [proven=0|1]   the heartbeats lose the agent at ADDR (proven=1: a refusal
+                     or a new process there, not a silence), then a turn; a silence judged while the agent has no
+                     Raft node is not acted on (`p2pgen.core.heartbeats.acts_on_loss`)
     recover EPOCH SEED               `p2pgen recover` asks a re-form, then a turn
     attach           the application attached (`p2pgen.join()`)
     sigstop / sigcont             the application is stopped / continued
@@ -42,6 +44,7 @@ from transcript import Directive, Interpreter, format_transcript, run_transcript
 
 from p2pgen.core import Command, Configure, Leave, LogPosition, Outcome, Ready, Register, Suspect
 from p2pgen.core import agentmachine as am
+from p2pgen.core.heartbeats import acts_on_loss
 from p2pgen.core.render import render_outcome
 from p2pgen.core.steward import Drain
 
@@ -213,7 +216,10 @@ class AgentInterpreter(Interpreter):
         return self.turn(am.AppStoppedAtBoundary(self.app.incarnation))
 
     def _do_lost(self, pos: list[str], kw: dict[str, str]) -> list[str]:
-        return self.turn(am.AgentLost(pos[0], kw.pop("instance", ""), kw.pop("why", "silent")))
+        instance, why, proven = kw.pop("instance", ""), kw.pop("why", "silent"), kw.pop("proven", "0") == "1"
+        if not acts_on_loss(self.node, proven):
+            return [f"not acted on: {pos[0]} {why} was judged while this agent has no Raft node"]
+        return self.turn(am.AgentLost(pos[0], instance, why))
 
     def _do_recover(self, pos: list[str], kw: dict[str, str]) -> list[str]:
         return self.turn(am.ReformAsked(int(pos[0]), pos[1]))

@@ -1,0 +1,112 @@
+"""What a leaving agent does, as a pure plan its shell (`p2pgen.agent.agent.Agent._leave`) performs: stop the
+application, record the leave, hand leadership over, remove its voter, and what it says when no quorum answers.
+
+Owns no state and does no I/O: the shell gathers the facts (its application, its Raft node and view, the agents
+heard, what a live member answers) and logs the sentence chosen here. Invariants kept:
+- the leave of a registered member is recorded before the Raft voter goes, so the others go on at once;
+- a node that leads hands leadership over before it removes its own voter, and the last voter never removes
+  itself;
+- a job every member of which has left records nothing more (the agents leaving last would wait in vain for a
+  quorum of agents already gone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "CONFIRMED_OUT", "FINISHED", "FINISHED_MEANWHILE", "LEFT_LAST", "NO_QUORUM", "LeavePlan", "Said", "Shrink",
+    "leave_plan", "said_after_asking", "said_without_quorum", "shrink_plan",
+]
+
+
+@dataclass(frozen=True)
+class Said:
+    """A sentence for the log: `level` a logging level name, `text` a %-format with one `%s` (the Raft error)
+    where it names one."""
+
+    level: str
+    text: str
+
+
+@dataclass(frozen=True)
+class LeavePlan:
+    """The first steps of a leave, in order."""
+
+    stop_app: bool        # stop the application (and delete its local copy) first
+    raft: bool            # go on with the Raft steps (this agent has a node)
+    record: bool          # record the leave of this peer's member
+    await_app: bool       # after recording it, wait for the application stopping by itself (a drain), then stop it
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """The Raft configuration's steps once the leave is recorded (`said`: nothing to do, and why)."""
+
+    transfer_leadership: bool = False
+    remove_voter: bool = False
+    said: Said | None = None
+
+
+FINISHED = Said("info", "left: every member of the job has left, so no Raft configuration is left to shrink")
+FINISHED_MEANWHILE = Said("info", "left: every member of the job has left meanwhile (%s); nothing is left to record")
+LEFT_LAST = Said("info", "left last: no other agent is heard any more, so no quorum is left to record it (%s)")
+CONFIRMED_OUT = Said("info", "left: a live member confirms this agent's voter is out of the Raft configuration (a "
+                             "removed node never hears the commit of its own removal: %s)")
+NO_QUORUM = Said("warning", "left without a Raft quorum to record it (%s): the others will detect this agent's "
+                            "absence and replace it as a voter; nothing to do unless no agent is left running")
+
+
+def leave_plan(has_app: bool, app_stopping: bool, has_node: bool, registered: bool) -> LeavePlan:
+    """The first steps of a leave.
+
+    Args:
+        has_app: an application process runs.
+        app_stopping: it stopped at a step boundary (a drain) and exits by itself: it keeps serving its state
+            until the drain's deadline, and the leave is recorded first.
+        has_node: this agent has a Raft node.
+        registered: this peer's member is registered (an incarnation to record the leave of).
+    """
+    return LeavePlan(stop_app=has_app and not app_stopping, raft=has_node, record=has_node and registered,
+                     await_app=has_node and has_app and app_stopping)
+
+
+def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool) -> Shrink:
+    """The Raft steps after the leave is recorded.
+
+    Args:
+        finished: every member of the job has left.
+        voter: this agent's node is a voter.
+        nodes: the voters in the configuration.
+        leader: this agent's node leads.
+    """
+    if finished:
+        return Shrink(said=FINISHED)
+    if not voter or nodes <= 1:
+        return Shrink()
+    return Shrink(transfer_leadership=leader, remove_voter=True)
+
+
+def said_without_quorum(finished: bool, others_heard: bool, recorded: bool) -> Said | None:
+    """What a leave that found no Raft quorum says; None: ask a live member whether this agent's voter is out
+    first (`said_after_asking`).
+
+    Args:
+        finished: every member of the job has left meanwhile.
+        others_heard: the heartbeats hear another agent.
+        recorded: the member's leave was recorded (or there was none to record).
+    """
+    if finished:
+        return FINISHED_MEANWHILE
+    if not others_heard:
+        return LEFT_LAST
+    return None if recorded else NO_QUORUM
+
+
+def said_after_asking(confirmed_out: bool | None) -> Said:
+    """What the leave says once a live member answered (True: this voter is out; None: no answer).
+
+    Args:
+        confirmed_out: the live members' answer.
+    """
+    return CONFIRMED_OUT if confirmed_out is True else NO_QUORUM

@@ -1,0 +1,65 @@
+"""A leaving agent's plan (p2pgen.core.leaving), as tables: the first steps, the Raft configuration's, and what
+it says when no quorum answers. The shell performing it: `Agent._leave` (tests/integration/test_agents.py,
+test_drain.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pgen.core.leaving import (
+    CONFIRMED_OUT,
+    FINISHED,
+    FINISHED_MEANWHILE,
+    LEFT_LAST,
+    NO_QUORUM,
+    LeavePlan,
+    Shrink,
+    leave_plan,
+    said_after_asking,
+    said_without_quorum,
+    shrink_plan,
+)
+
+
+@pytest.mark.parametrize(("has_app", "app_stopping", "has_node", "registered", "plan"), [
+    (True, False, True, True, LeavePlan(stop_app=True, raft=True, record=True, await_app=False)),
+    (True, True, True, True, LeavePlan(stop_app=False, raft=True, record=True, await_app=True)),   # a drain
+    (False, False, True, True, LeavePlan(stop_app=False, raft=True, record=True, await_app=False)),
+    (True, False, True, False, LeavePlan(stop_app=True, raft=True, record=False, await_app=False)),
+    (True, False, False, True, LeavePlan(stop_app=True, raft=False, record=False, await_app=False)),
+    (True, True, False, True, LeavePlan(stop_app=False, raft=False, record=False, await_app=False)),
+])
+def test_the_leave_is_recorded_before_the_voter_goes(has_app: bool, app_stopping: bool, has_node: bool,
+                                                     registered: bool, plan: LeavePlan):
+    assert leave_plan(has_app, app_stopping, has_node, registered) == plan
+
+
+@pytest.mark.parametrize(("finished", "voter", "nodes", "leader", "shrink"), [
+    (True, True, 3, True, Shrink(said=FINISHED)),
+    (False, True, 3, True, Shrink(transfer_leadership=True, remove_voter=True)),
+    (False, True, 3, False, Shrink(remove_voter=True)),
+    (False, True, 1, True, Shrink()),       # the last voter stays
+    (False, False, 3, False, Shrink()),     # a non-voting member has no voter to remove
+])
+def test_a_leader_hands_leadership_over_before_it_removes_its_voter(finished: bool, voter: bool, nodes: int,
+                                                                    leader: bool, shrink: Shrink):
+    assert shrink_plan(finished, voter, nodes, leader) == shrink
+
+
+@pytest.mark.parametrize(("finished", "others_heard", "recorded", "said"), [
+    (True, True, True, FINISHED_MEANWHILE),
+    (True, False, False, FINISHED_MEANWHILE),
+    (False, False, True, LEFT_LAST),
+    (False, False, False, LEFT_LAST),
+    (False, True, False, NO_QUORUM),
+    (False, True, True, None),              # ask a live member first
+])
+def test_what_a_leave_without_quorum_says(finished: bool, others_heard: bool, recorded: bool, said):
+    assert said_without_quorum(finished, others_heard, recorded) == said
+
+
+def test_a_live_member_confirming_the_voter_is_out_ends_the_leave_quietly():
+    assert said_after_asking(True) == CONFIRMED_OUT
+    assert said_after_asking(False) == NO_QUORUM
+    assert said_after_asking(None) == NO_QUORUM
+    assert "left without a Raft quorum to record it (%s)" in NO_QUORUM.text and NO_QUORUM.level == "warning"
