@@ -8,15 +8,14 @@ understand.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from agent_transcript import format_transcript, run_agent_transcript
+from agent_transcript import run_agent_transcript
+from transcript import check_transcript
 
 TESTDATA = Path(__file__).parent / "testdata" / "agent"
 FILES = sorted(TESTDATA.glob("*.txt"))
-REWRITE = os.environ.get("P2PGEN_REWRITE") == "1"
 
 
 def test_agent_testdata_present():
@@ -28,12 +27,4 @@ def test_agent_testdata_present():
 def test_agent_transcript(path: Path):
     text = path.read_text()
     directives, outputs, trailing, _ = run_agent_transcript(text)
-    errors = [f"{d.line!r} (line {d.lineno}): {line}" for d, out in zip(directives, outputs)
-              for line in out if line.startswith("ERROR")]
-    assert not errors, "\n".join(errors)
-    actual = format_transcript(directives, outputs, trailing)
-    if REWRITE:
-        if actual != text:
-            path.write_text(actual)
-        return
-    assert actual == text, f"{path.name}: output differs (P2PGEN_REWRITE=1 regenerates it; review the diff)"
+    check_transcript(path, text, directives, outputs, trailing)

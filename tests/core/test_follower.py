@@ -7,15 +7,14 @@ tests/core/test_follower.py` rewrites the expected output; only commit what you 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from follower_transcript import format_transcript, run_follower_transcript
+from follower_transcript import run_follower_transcript
+from transcript import check_transcript
 
 TESTDATA = Path(__file__).parent / "testdata" / "follower"
 FILES = sorted(TESTDATA.glob("*.txt"))
-REWRITE = os.environ.get("P2PGEN_REWRITE") == "1"
 
 
 def test_follower_testdata_present():
@@ -27,12 +26,4 @@ def test_follower_testdata_present():
 def test_follower_transcript(path: Path):
     text = path.read_text()
     directives, outputs, trailing, _ = run_follower_transcript(text)
-    errors = [f"{d.line!r} (line {d.lineno}): {line}" for d, out in zip(directives, outputs)
-              for line in out if line.startswith("ERROR")]
-    assert not errors, "\n".join(errors)
-    actual = format_transcript(directives, outputs, trailing)
-    if REWRITE:
-        if actual != text:
-            path.write_text(actual)
-        return
-    assert actual == text, f"{path.name}: output differs (P2PGEN_REWRITE=1 regenerates it; review the diff)"
+    check_transcript(path, text, directives, outputs, trailing)

@@ -57,8 +57,10 @@ does now, bugs included.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from p2pgen.core import (
     DEFAULT_REGRESS_WAIT,
@@ -124,6 +126,20 @@ def parse(text: str) -> tuple[list[Directive], list[str]]:
         directives.append(Directive(line, lineno, expected, pending_comments))
         pending_comments = []
     return directives, pending_comments
+
+
+def check_transcript(path: Path, text: str, directives: list[Directive], outputs: list[list[str]],
+                     trailing: list[str]) -> None:
+    """No directive answered ERROR, and the formatted run equals the file (`P2PGEN_REWRITE=1` rewrites it)."""
+    errors = [f"{d.line!r} (line {d.lineno}): {line}" for d, out in zip(directives, outputs)
+              for line in out if line.startswith("ERROR")]
+    assert not errors, "\n".join(errors)
+    actual = format_transcript(directives, outputs, trailing)
+    if os.environ.get("P2PGEN_REWRITE") == "1":
+        if actual != text:
+            path.write_text(actual)
+        return
+    assert actual == text, f"{path.name}: output differs (P2PGEN_REWRITE=1 regenerates it; review the diff)"
 
 
 def format_transcript(directives: list[Directive], outputs: list[list[str]], trailing: list[str]) -> str:
