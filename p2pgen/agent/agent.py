@@ -181,6 +181,7 @@ class Agent:
                                               peer, old, f"replaced by a new agent process ({new})", proven=True),
                                           on_refused=lambda peer, inst, why: self._agent_lost(peer, inst, why,
                                                                                               proven=True))
+        self.membership.on_link_lost = self._raft_link_lost
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
                                    self._leaving.is_set)
@@ -553,6 +554,11 @@ class Agent:
         view = node.view() if proven and node is not None else None
         if view is not None and view.leader is not None and control_addr_of(view.leader) == peer:
             node.hasten_election(view.leader)
+
+    def _raft_link_lost(self, node_id: str) -> None:
+        """A working Raft link of ours to `node_id` closed (its process may have died: its kernel closes the
+        link at once): the heartbeats probe its agent now. A hint only; a refusal is the proof."""
+        self.heartbeats.hint(control_addr_of(node_id), "its Raft link to this agent closed")
 
     def _wake_driver(self) -> None:
         """A node published a new view (an entry applied, a leader or term change): the driver and the voter

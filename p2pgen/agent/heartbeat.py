@@ -32,6 +32,10 @@ Invariants kept:
   that is proof, not silence, and the agent is reported at once instead of after the detector's timeout. A
   host that is gone, partitioned or an agent that is stopped answers nothing, and the detector decides as
   before;
+- a target named by a hint (`hint`: its agent's Raft link to us closed, which its kernel does at once when
+  the process dies) is probed at once rather than after PROBE_AFTER intervals, and its refusal looked for
+  every HINT_RECHECK_S for HINT_WINDOW intervals: a refusal with nothing heard from it since the probe left
+  is the same proof. A hint is never a suspicion by itself: a live target is heard again and nothing happens;
 - a replayed heartbeat (one not newer than the last heard from its process, or from a process already
   replaced at that address) changes nothing: it can neither keep a dead process alive nor report a live
   one as replaced. Every packet dropped is counted under a reason (`refusals()`, shown by `p2pgen show`).
@@ -64,6 +68,8 @@ RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
 PROBE_AFTER = 2                   # heartbeat intervals of silence after which a target's port is probed
+HINT_WINDOW = 2                   # heartbeat intervals a hinted target's refusal is looked for
+HINT_RECHECK_S = 0.005            # how often, meanwhile (an ICMP answer takes one round trip)
 SO_TIMESTAMPNS = 35               # Linux: stamp each datagram with its arrival time (struct timespec)
 ANCILLARY_BYTES = socket.CMSG_SPACE(16)
 
@@ -115,6 +121,9 @@ class HeartbeatRunner:
         self._silent: set[str] = set()                   # peers the detector would suspect, not blamed (own thread)
         self._probes: dict[str, socket.socket] = {}      # silent target -> UDP socket connected to it (own thread)
         self._refused_on_send: set[str] = set()          # probed targets whose refusal a send reported (own thread)
+        self._hints_in: dict[str, str] = {}               # hinted target -> why, not yet probed (guarded by _lock)
+        self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
+        self._wake = threading.Event()                    # a hint (or stop) ends the thread's sleep
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -133,6 +142,7 @@ class HeartbeatRunner:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._sock.close()
@@ -161,28 +171,78 @@ class HeartbeatRunner:
         with self._lock:
             return {a: ann for a, ann in self._heard.items() if a not in self._reported and a not in self._deaf}
 
+    def hint(self, target: str, why: str) -> None:
+        """Something other than the heartbeats suggests `target`'s agent is gone (`why`: its Raft link to us
+        closed): probe its port now (see the module docstring). Thread-safe; never a suspicion by itself.
+
+        Args:
+            target: the agent's control address HOST:PORT.
+            why: what suggested it, for the report a refusal makes.
+        """
+        with self._lock:
+            self._hints_in.setdefault(target, why)
+        self._wake.set()
+
     def _run(self) -> None:
         """One round per heartbeat interval: take what arrived since the last round (each packet with the
         kernel's arrival time), judge, send, sleep until the next round. The thread wakes once per interval
         whatever the number of peers (an idle agent costs little CPU: a wakeup per packet cost more than the
-        packet), and stop() ends its sleep at once."""
+        packet), and stop() ends its sleep at once; a hint wakes it for a probe, and while a hinted probe is
+        open it wakes every HINT_RECHECK_S for its answer."""
         next_send = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            late = now - next_send                # past the planned start of this round: our own stall
-            if late > self.config.floor:
-                self._forgive_all(now, late)
-            elif self._reset_requested:
-                self._reset_requested = False
-                self._forgive(now)
-            targets = (self._targets() | self._callers()) - {self.self_addr}
-            self._track(targets, now)
-            self._receive(targets)
-            self._judge_refusals(targets, time.monotonic())
-            self._judge(targets, time.monotonic())
-            self._send(targets)
-            next_send = now + self.config.heartbeat_interval
-            self._stop.wait(max(0.0, next_send - time.monotonic()))
+            if now >= next_send:
+                self._round(now, now - next_send)
+                next_send = now + self.config.heartbeat_interval
+            else:
+                self._hint_turn()
+            wait = next_send - time.monotonic()
+            if self._hinted:
+                wait = min(wait, HINT_RECHECK_S)
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    def _round(self, now: float, late: float) -> None:
+        """One heartbeat round; `late`: how far past its planned start it runs (our own stall)."""
+        if late > self.config.floor:
+            self._forgive_all(now, late)
+        elif self._reset_requested:
+            self._reset_requested = False
+            self._forgive(now)
+        targets = self._all_targets()
+        self._track(targets, now)
+        self._receive(targets)
+        self._probe_hinted(targets)
+        self._judge_refusals(targets, time.monotonic())
+        self._judge(targets, time.monotonic())
+        self._send(targets)
+
+    def _hint_turn(self) -> None:
+        """Between rounds: probe newly hinted targets, take what arrived, look for their refusals."""
+        targets = self._all_targets()
+        self._receive(targets)              # an arrival after a probe left says the target lives
+        self._probe_hinted(targets)
+        self._judge_refusals(targets, time.monotonic())
+
+    def _all_targets(self) -> set[str]:
+        return (self._targets() | self._callers()) - {self.self_addr}
+
+    def _probe_hinted(self, targets: set[str]) -> None:
+        """Send a heartbeat on a connected socket to each hinted target not yet probed for its hint."""
+        with self._lock:
+            fresh, self._hints_in = self._hints_in, {}
+            reported = set(self._reported)
+        packet = None
+        for target, why in fresh.items():
+            if target not in targets or target in reported or target in self._hinted or \
+                    faults.blocked(self.self_addr, target):
+                continue
+            packet = packet or self._packet()
+            host, _, port = target.rpartition(":")
+            self._hinted[target] = (time.monotonic(), why)
+            if not self._probe(target, (host, int(port)), packet):
+                del self._hinted[target]
 
     def reset(self) -> None:
         """Start every peer's history afresh and forget every suspicion (after this agent joined or rejoined
@@ -224,12 +284,16 @@ class HeartbeatRunner:
                 self._deaf.discard(peer)
                 self._heard.pop(peer, None)
 
-    def _send(self, targets: set[str]) -> None:
+    def _packet(self) -> bytes:
+        """A new signed heartbeat (the next sequence number)."""
         self._seq += 1
         me = self._announce()
         unheard = sorted(self.suspected() | self._silent)[:MAX_UNHEARD]
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
-        packet = body + prove(self.key, body)
+        return body + prove(self.key, body)
+
+    def _send(self, targets: set[str]) -> None:
+        packet = self._packet()
         silent_since = time.monotonic() - PROBE_AFTER * self.config.heartbeat_interval
         for target in targets:
             if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
@@ -278,10 +342,13 @@ class HeartbeatRunner:
                 refused = True
             except OSError:
                 pass                              # nothing came back (BlockingIOError), or nothing to say
-            heard = target in self._history.peers() and self._history.stats(target).last >= silent_since
+            hint = self._open_hint(target, targets, now)
+            since = silent_since if hint is None else hint[0]
+            heard = target in self._history.peers() and self._history.stats(target).last >= since
             if refused or heard or target not in targets:
                 probe.close()
                 del self._probes[target]
+                self._hinted.pop(target, None)
             if not refused or heard or target not in targets:
                 continue                          # heard since: the refusal was for a process replaced there
             with self._lock:
@@ -291,9 +358,20 @@ class HeartbeatRunner:
                     continue                      # never heard, by an agent that hears no one: as in _judge
                 self._reported.add(target)
             silence = now - self._history.stats(target).last
+            probed = f" (probed at once: {hint[1]})" if hint is not None else ""
             self._on_refused(target, last.instance if last else "",
                              f"{'never heard from; ' if last is None else ''}its host refused our heartbeat after "
-                             f"{silence:.2f} s of silence (no process holds the agent's port)")
+                             f"{silence:.2f} s of silence{probed} (no process holds the agent's port)")
+
+    def _open_hint(self, target: str, targets: set[str], now: float) -> tuple[float, str] | None:
+        """(when its probe left, why) of `target`'s hint while it is open; a hint past HINT_WINDOW intervals,
+        or for a target no longer a target, is closed (the silence rule alone judges it from then on)."""
+        hint = self._hinted.get(target)
+        if hint is not None and (now - hint[0] > HINT_WINDOW * self.config.heartbeat_interval or
+                                 target not in targets):
+            del self._hinted[target]
+            return None
+        return hint
 
     def _receive(self, targets: set[str]) -> None:
         """Take every heartbeat waiting in the socket (at most 1024 in one round), each at its arrival time."""

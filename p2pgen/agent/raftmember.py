@@ -91,11 +91,15 @@ class RaftMembership:
         self._waiting_since: float | None = None
         self._last_waiting_log = 0.0
         self.on_view: Callable[[], None] = lambda: None    # called after every new view of any node of ours
+        self.on_link_lost: Callable[[str], None] = lambda node_id: None   # a working Raft link of ours closed
 
     # --- what others see ---------------------------------------------------------------------------
 
     def _view_changed(self) -> None:
         self.on_view()
+
+    def _link_lost(self, node_id: str) -> None:
+        self.on_link_lost(node_id)
 
     def view(self) -> RaftView | None:
         node = self.node
@@ -197,7 +201,7 @@ class RaftMembership:
     def _launch(self, node_id: str | None, voters: list[str], why: str) -> bool:
         """Start a node and wait until it caught up with a leader; True when it did (it is then `node`)."""
         node = RaftNode(self.job, node_id, voters, self.secret, self.timing, self.trace, self.epoch,
-                        on_view=self._view_changed)
+                        on_view=self._view_changed, on_link_lost=self._link_lost)
         self._launching = node                  # from now on `hello` names this node's id, never a fresh one
         try:
             if node_id is not None and node_id == self.formation_id:
@@ -258,7 +262,7 @@ class RaftMembership:
             if self.node is None or not self.caught_up():
                 raise P2PGenError(f"agent {self.addr} is not caught up with the job: it cannot become a voter now")
             pending = RaftNode(self.job, new_node_id(self.raft_addr), voters, self.secret, self.timing, self.trace,
-                               self.epoch, on_view=self._view_changed)
+                               self.epoch, on_view=self._view_changed, on_link_lost=self._link_lost)
             pending.start()
             self._pending, self._pending_since = pending, time.monotonic()
         log.info("prepared voter %s for promotion", pending.node_id)

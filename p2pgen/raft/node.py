@@ -23,7 +23,6 @@ import copy
 import logging
 import os
 import queue
-import random
 import threading
 import time
 import uuid
@@ -74,7 +73,7 @@ class RaftTiming:
     attempt_timeout: float = 1.0      # resend a command with the same request id after this long
     retry_pause: float = 0.02
     leaderless_pause: float = 0.05    # retry of a command refused because no leader is known (see `conf`)
-    hasten_spread: float = 0.15       # a follower told its leader is dead campaigns within this (random, see below)
+    hasten_spread: float = 0.15       # told its leader is dead, the k-th voter in id order campaigns after k × this
 
     def conf(self, bind: str | None, password: str, on_state_changed=None) -> SyncObjConf:
         """pysyncobj's settings. `commandsWaitLeader=False`: with True, a command submitted while no leader is
@@ -134,13 +133,15 @@ class RaftNode:
 
     def __init__(self, job: str, node_id: str | None, voters: list[str], secret: bytes,
                  timing: RaftTiming = RaftTiming(), trace: Trace | None = None, epoch: int = 0,
-                 on_view: Callable[[], None] = lambda: None) -> None:
+                 on_view: Callable[[], None] = lambda: None,
+                 on_link_lost: Callable[[str], None] = lambda node_id: None) -> None:
         self.job = job
         self.node_id = node_id
         self.timing = timing
         self._voters = sorted(v for v in voters if v != node_id)
         self.epoch = epoch
         self._on_view = on_view                   # called (on the node's thread) after each new view
+        self._on_link_lost = on_link_lost         # called (on the node's thread) when a working link closed
         self._password = derive_key(secret, job, raft_purpose(epoch)).hex()
         self._state = JobState(job)
         self._trace = trace or Trace(None, "", "", "")
@@ -149,6 +150,7 @@ class RaftNode:
         self._answered: list[tuple[_Request, object]] = []   # succeeded this turn: answered once published
         self._handed_over = False                 # a request went to SyncObj this turn: tick again at once
         self._tick_left_work = False              # the tick's last poll handled messages: tick again at once
+        self._leader_committed_term = -1         # the last term in which this node, leading, applied an entry
         self._hasten: str | None = None           # a leader id proven dead (set by another thread; hasten_election)
         self._view: RaftView | None = None
         self._view_changed = threading.Condition()
@@ -196,9 +198,14 @@ class RaftNode:
 
     def hasten_election(self, leader: str) -> None:
         """The node `leader` is proven dead (its agent's host refused our heartbeats): if it is still the leader
-        this follower follows, campaign within `hasten_spread` seconds (random, so that two followers told at
-        once rarely split the vote) instead of after a full election timeout. An election is always safe in
-        Raft; this only ends the wait for one that must come."""
+        this follower follows, campaign soon instead of after a full election timeout: the first surviving
+        voter in id order at once, the k-th after k × `hasten_spread` s (every follower told at once knows the
+        same order, so they do not split the vote; a first one that cannot win, its log behind, is followed
+        by the next). An election is always safe in Raft; this only ends the wait for one that must come.
+
+        Args:
+            leader: the node id of the dead leader.
+        """
         self._hasten = leader
         wake = self._wake
         if wake is not None:
@@ -250,6 +257,7 @@ class RaftNode:
             self._error = e
             self._started.set()
             return
+        self._so._SyncObj__transport.on_link_lost = self._link_lost
         self._wake = _Waker(self._so._poller)
         self._record("node", self.node_id, voter=self.node_id is not None)
         self._started.set()
@@ -295,11 +303,20 @@ class RaftNode:
         leader = so._getLeader()
         if self.node_id is None or so._isLeader() or leader is None or leader.id != dead_leader:
             return                                # not a voter, or the job has moved on already
-        deadline = so_monotonic() + random.uniform(0.0, self.timing.hasten_spread)
+        survivors = sorted({str(n.id) for n in so.otherNodes} - {dead_leader} | {self.node_id})
+        deadline = so_monotonic() + survivors.index(self.node_id) * self.timing.hasten_spread
         if deadline < so._SyncObj__raftElectionDeadline:
             so._SyncObj__raftElectionDeadline = deadline
+            self._record("hasten", self.node_id, term=so.raftCurrentTerm, dead_leader=dead_leader,
+                         after=round(deadline - so_monotonic(), 4))
             log.info("raft node %s: leader %s is dead; campaigning within %.2f s", self.node_id, dead_leader,
                      deadline - so_monotonic())
+
+    def _link_lost(self, node_id: str) -> None:
+        try:
+            self._on_link_lost(node_id)
+        except Exception:                         # a hint's consumer must not end the node's thread
+            log.exception("raft node %s: the lost-link callback for %s failed", self.node_id, node_id)
 
     def _record(self, kind: str, node: str | None, **fields: object) -> None:
         self._trace.record(kind, node, epoch=self.epoch, **fields)
@@ -325,6 +342,9 @@ class RaftNode:
     def _on_applied(self, index: int, term: int, command: bytes, result: object) -> None:
         digest = self._state.fold_entry(index, term, command)
         self._last_applied = (index, term, digest)
+        if term != self._leader_committed_term and self._so._isLeader() and term == self._so.raftCurrentTerm:
+            self._leader_committed_term = term          # the first entry of this leader's term it applied
+            self._record("leader_commit", self.node_id, term=term, index=index)
         if index % CHECKPOINT_EVERY == 0:
             self._checkpoints.append(self._last_applied)
             self._record("applied", self.node_id, index=index, term=term, hash=digest)

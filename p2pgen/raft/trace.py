@@ -6,8 +6,9 @@ truncated last line, which readers skip). Every record carries `t` (wall time), 
 address), `instance` (this agent process's nonce) and `node` (the Raft node id in use, or null). Kinds: `node`
 (a Raft node started: voter or not), `applied` (running log hash at index i: every index divisible by
 `CHECKPOINT_EVERY`, and the last one when a node stops), `leader` (this node became leader in a term, with its
-configuration and last log entry), `vote` (this node granted its vote in a term), `config` (a voter applied the
-membership change at index i; its configuration after it), `register`
+configuration and last log entry), `leader_commit` (that leader applied the first entry of its term),
+`hasten` (told its leader is dead, this node set its campaign), `vote` (this node granted its vote in a
+term), `config` (a voter applied the membership change at index i; its configuration after it), `register`
 (a successful Register applied at index i), `activated` (the entry at index i activated generation g).
 Invariant kept: records are written in the order this process observed them; nothing is rewritten.
 """

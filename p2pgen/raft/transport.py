@@ -15,6 +15,9 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
   the first vote request is lost and every failover needs a second election round (item 1). Links that carry
   appends or their answers need none (each side's sends keep the other side's read timer fresh), so an idle
   job's nodes wake only for the appends and the follower-to-follower keep-alives. SyncObj ignores unknown types.
+- Lost links. When a connection to a voter that finished the handshake closes, `on_link_lost(node id)` is called (on the
+  node's thread): a peer whose process died closes it at once (its kernel does), which is a hint, not a proof,
+  for whoever can check faster than a timeout (the agent probes that node's agent at once).
 - Injected partitions (`p2pgen.faults`): a message to or from a node across a cut direction is dropped here,
   the connection kept (a black-holed route, one direction at a time).
 Invariant kept: a connection is handed to SyncObj (`_onNodeConnected`) only after both sides proved which node
@@ -26,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter, deque
+from collections.abc import Callable
 
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import CONNECTION_STATE
@@ -48,6 +52,7 @@ class NodeTransport(TCPTransport):
         self._verified: set = set()                    # nodes whose connection finished the two-way handshake
         self.refused: Counter[str] = Counter()        # connections this node refused, by kind
         self.refusals_received: deque[tuple[float, str, str]] = deque(maxlen=32)   # (when, by node, reason)
+        self.on_link_lost: Callable[[str], None] = lambda node_id: None
         super().__init__(syncObj, selfNode, otherNodes)
 
     @property
@@ -125,9 +130,12 @@ class NodeTransport(TCPTransport):
 
     def _onDisconnected(self, conn):
         node = self._connToNode(conn)
+        lost = node is not None and node in self._verified and _addr_of(node) is not None    # a voter
         if node is not None:
             self._verified.discard(node)
         super()._onDisconnected(conn)
+        if lost:
+            self.on_link_lost(str(node.id))
 
     def dropNode(self, node):
         self._verified.discard(node)

@@ -1,19 +1,27 @@
 """Where the time from a fault to the survivors' first commit goes, read from the p2pgen applications' traces.
 
-Owns one split of `to_first_commit_s` (`p2pgen bench recovery`'s step loop): for each survivor, six phases in
+Owns one split of `to_first_commit_s` (`p2pgen bench recovery`'s step loop): for each survivor, nine phases in
 the order the step loop lives them, each from the end of the previous one:
 
 - `detect`: the fault -> the survivor retired its communicator (its collective failed or its watcher saw the
   member gone; quiescence known);
-- `proposal`: -> its `ready` vote left (the pending generation without the victim reached it through its agent);
+- `proof`: -> a surviving voter learnt that the Raft leader is dead and set its campaign (the agents' Raft
+  trace, kind `hasten`);
+- `election`: -> a new Raft leader was elected (kind `leader`);
+- `leader_commit`: -> that leader committed its first entry (kind `leader_commit`: the no-op of its term);
+- `proposal`: -> the survivor's `ready` vote left (the pending generation without the victim reached it through
+  its agent);
 - `vote_commit`: -> the vote came back committed (one Raft commit through its agent);
 - `activation`: -> it activated the certificate (the other votes committed and the certificate reached it);
 - `connect`: -> its communicator of the new generation was built;
 - `first_step`: -> its first commit in the new generation (one whole step, its boundary agreement included).
 
+The three Raft phases come from the agents' traces (`--trace-dir`) and are 0 when the fault needed no election
+(the leader lived) or the Raft traces are not given: a Raft mark counts only between the survivor's retirement
+and its vote, and a mark earlier than the one before it adds 0 (the work ran in parallel).
 Invariant: the phases of one survivor add up exactly to its fault -> first-commit time; a fault is split on the
-survivor that committed last (the one `to_first_commit_s` measures), and skipped (None) when a phase's event is
-missing (an older trace, or a survivor that had to pull).
+survivor that committed last (the one `to_first_commit_s` measures), and skipped (None) when a step-loop event
+is missing (an older trace, or a survivor that had to pull).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from typing import Any
 
 from p2pgen_lab.bench.table import aligned
 
-PHASES = ("detect", "proposal", "vote_commit", "activation", "connect", "first_step")
+PHASES = ("detect", "proof", "election", "leader_commit", "proposal", "vote_commit", "activation", "connect",
+          "first_step")
+RAFT_MARKS = ("hasten", "leader", "leader_commit")      # the Raft trace kinds of proof, election, leader_commit
 Events = list[dict[str, Any]]
 
 
@@ -33,8 +43,19 @@ def _first(events: Events, peer: str, kind: str, after: float, generation: int |
                  and (generation is None or e.get("generation") == generation)), None)
 
 
-def survivor_phases(events: Events, peer: str, t0: float) -> dict[str, float] | None:
-    """The six phases (seconds) of one survivor after a fault at wall time t0; None when one is missing."""
+def _raft_marks(raft: Events, after: float, until: float) -> list[float]:
+    """When each of RAFT_MARKS first happened in (after, until], in order; a missing one is `after` (adds 0)."""
+    marks, at = [], after
+    for kind in RAFT_MARKS:
+        hit = min((r["t"] for r in raft if r.get("kind") == kind and at < r["t"] <= until), default=None)
+        at = at if hit is None else hit
+        marks.append(at)
+    return marks
+
+
+def survivor_phases(events: Events, peer: str, t0: float, raft: Events = ()) -> dict[str, float] | None:
+    """The phases (seconds) of one survivor after a fault at wall time t0; None when a step-loop event is
+    missing. `raft`: the agents' Raft trace records (may be empty)."""
     retire = _first(events, peer, "retire", t0)
     if retire is None:
         return None
@@ -47,13 +68,14 @@ def survivor_phases(events: Events, peer: str, t0: float) -> dict[str, float] | 
     commit = _first(events, peer, "commit", ready["t"], generation)
     if active is None or connected is None or commit is None:
         return None
-    marks = [t0, retire["t"], ready["sent"], ready["t"], active["t"], connected["t"], commit["t"]]
+    marks = [t0, retire["t"], *_raft_marks(list(raft), retire["t"], ready["sent"]), ready["sent"], ready["t"],
+             active["t"], connected["t"], commit["t"]]
     return {phase: marks[i + 1] - marks[i] for i, phase in enumerate(PHASES)}
 
 
-def fault_phases(events: Events, survivors: Iterable[str], t0: float) -> dict[str, float] | None:
+def fault_phases(events: Events, survivors: Iterable[str], t0: float, raft: Events = ()) -> dict[str, float] | None:
     """The phases of the survivor that committed last after the fault (None if any survivor cannot be split)."""
-    split = {p: survivor_phases(events, p, t0) for p in survivors}
+    split = {p: survivor_phases(events, p, t0, raft) for p in survivors}
     if not split or any(v is None for v in split.values()):
         return None
     return max(split.values(), key=lambda phases: sum(phases.values()))

@@ -245,7 +245,7 @@ class P2PGenDeployment:
 
     def __init__(self, policy: str, plan: Plan, detect_timeout: float, workdir: Path, trace_dir: Path,
                  agent_args: tuple[str, ...] = ()) -> None:
-        self.policy, self.agent_args = policy, agent_args
+        self.policy, self.agent_args = policy, (f"--trace-dir={raft_trace_dir(workdir)}", *agent_args)
         self.cluster = Cluster(workdir, job="bench-steploop", detect=_detect_flags(detect_timeout), hosts=plan.hosts)
         self.command = [sys.executable, "-m", "p2pgen_lab.bench.apps.steploop", f"--policy={policy}",
                         f"--trace-dir={trace_dir}", f"--checkpoint={workdir / 'checkpoint.npz'}",
@@ -318,8 +318,9 @@ def _one_fault(deployment: StepLoopDeployment, tail: TraceTail, policy: str, kin
     return Fault(policy, kind, victim, t0)
 
 
-def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
-    """The figures of one fault, from the traces of every process of the run (see the module docstring).
+def analyze_fault(events: Events, fault: Fault, raft: Events = ()) -> dict[str, Any]:
+    """The figures of one fault, from the traces of every process of the run (see the module docstring);
+    `raft`: the agents' Raft trace records, for the breakdown's election marks.
     heal_s: fault -> first commit of a process of the victim started after the fault (None if none did).
     A survivor's first commit is its first in a later generation than the one running at the fault; when a
     survivor has none, the fault did not reach the survivors' generation (torchft: its quorum had already left
@@ -347,7 +348,7 @@ def analyze_fault(events: Events, fault: Fault) -> dict[str, Any]:
             "to_first_commit_s": max(e["t"] for e in first) - fault.t, "to_regain_s": until - fault.t,
             "rollback_steps": r_fault - (min(e["revision"] for e in first) - 1), "processes_started": len(started),
             "heal_s": min(healed) - fault.t if healed else None,
-            "phases": fault_phases(events, survivors, fault.t) if fault.policy == "p2pgen" else None}
+            "phases": fault_phases(events, survivors, fault.t, raft) if fault.policy == "p2pgen" else None}
 
 
 def make_deployment(policy: str, plan: Plan, detect_timeout: float, workdir: Path,
@@ -374,7 +375,27 @@ def run_steploop_block(policy: str, trials: int, first_trial: int, plan: Plan, d
     finally:
         deployment.stop()
     events = tail.refresh()
-    return [analyze_fault(events, f) for f in faults]
+    raft = read_raft_traces(raft_trace_dir(workdir))
+    return [analyze_fault(events, f, raft) for f in faults]
+
+
+def raft_trace_dir(workdir: Path) -> Path:
+    """Where a p2pgen block's agents write their Raft traces (the breakdown's election marks)."""
+    return workdir / "raft"
+
+
+def read_raft_traces(directory: Path) -> Events:
+    """Every record of the agents' Raft traces under `directory`, by time (a line cut by SIGKILL is skipped)."""
+    records = []
+    for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else ():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("t"), (int, float)):
+                records.append(record)
+    return sorted(records, key=lambda r: r["t"])
 
 
 def available_peers(peers: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -177,6 +177,53 @@ def test_a_dead_agent_whose_host_refuses_its_port_is_reported_without_waiting_fo
         stopped.close()
 
 
+HINT_CONFIG = DetectorConfig(kind="fixed", timeout=60.0, floor=1.0, heartbeat_interval=0.5, window=10)
+
+
+@pytest.mark.timeout(30)
+def test_a_hint_probes_a_dead_agent_at_once_and_its_refusal_reports_it():
+    """B's process dies and A is told (its Raft link closed): A probes B then, not after two silent rounds, and
+    the refusal reports B as proven, naming the hint."""
+    a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
+    suspected: list[tuple[str, str]] = []
+    a = runner(a_addr, lambda: {b_addr}, lambda peer, instance, why: suspected.append((peer, why)))
+    a.config = HINT_CONFIG
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    b.config = HINT_CONFIG
+    with running(a, b):
+        wait_for(lambda: b_addr in a.heard())
+        b.stop()
+        a.hint(b_addr, "its Raft link to this agent closed")
+        wait_for(lambda: b_addr in a.suspected())
+    assert [peer for peer, _ in suspected] == [b_addr]
+    assert "refused our heartbeat" in suspected[0][1] and "probed at once: its Raft link" in suspected[0][1]
+
+
+@pytest.mark.timeout(30)
+def test_a_hint_about_a_live_or_stopped_agent_reports_nothing():
+    """A hint is not a suspicion: B, alive, is heard again (and counts no replay); C, stopped (its port held),
+    refuses nothing. Neither is reported while their hints are open or after."""
+    a_addr, b_addr, c_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(3))
+    suspected: list[str] = []
+    a = runner(a_addr, lambda: {b_addr, c_addr}, lambda peer, instance, why: suspected.append(peer))
+    a.config = HINT_CONFIG
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    b.config = HINT_CONFIG
+    c_host, _, c_port = c_addr.rpartition(":")
+    stopped = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stopped.bind((c_host, int(c_port)))
+    try:
+        with running(a, b):
+            wait_for(lambda: b_addr in a.heard())
+            a.hint(b_addr, "a test")
+            a.hint(c_addr, "a test")
+            time.sleep(4 * HINT_CONFIG.heartbeat_interval)           # both hints opened and closed
+            assert suspected == [] and a.suspected() == set()
+            assert b.refusals()["replayed"] == 0 and a_addr in b.heard()
+    finally:
+        stopped.close()
+
+
 @pytest.mark.timeout(30)
 def test_a_refusal_for_a_process_replaced_at_the_same_address_does_not_report_the_new_one():
     """B dies; before A judges the refusal, a new process at B's address is heard: nothing is reported."""

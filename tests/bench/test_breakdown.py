@@ -1,5 +1,6 @@
 """p2pgen_lab.bench.breakdown on synthetic traces: the phases of a survivor add up to its fault -> first-commit
-time, a fault is split on the survivor that committed last, and a trace missing an event is not split."""
+time, a fault is split on the survivor that committed last, a trace missing an event is not split, and the
+agents' Raft marks split the wait for a new leader without changing the sum."""
 
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def test_the_phases_of_a_survivor_add_up_to_its_first_commit():
     assert sum(phases.values()) == pytest.approx(0.080)
 
 
+def test_raft_marks_split_the_wait_for_a_new_leader_and_keep_the_sum():
+    """The leader died with the host: proof, election and the new leader's first commit come from the agents'
+    Raft traces; a mark before the survivor retired, or after its vote left, adds nothing."""
+    events = _events(_survivor("p1", [0.02, 0.300, 0.306, 0.310, 0.312, 0.350]))
+    raft = [{"t": T0 + 0.010, "kind": "leader"},                  # before the retirement: another matter
+            {"t": T0 + 0.100, "kind": "hasten"}, {"t": T0 + 0.180, "kind": "leader"},
+            {"t": T0 + 0.190, "kind": "leader_commit"}, {"t": T0 + 0.400, "kind": "hasten"}]
+    phases = survivor_phases(events, "p1", T0, raft)
+    assert phases is not None and sum(phases.values()) == pytest.approx(0.350)
+    assert phases["proof"] == pytest.approx(0.080) and phases["election"] == pytest.approx(0.080)
+    assert phases["leader_commit"] == pytest.approx(0.010) and phases["proposal"] == pytest.approx(0.110)
+    without = survivor_phases(events, "p1", T0)
+    assert without is not None and without["proposal"] == pytest.approx(0.280)
+    assert without["proof"] == without["election"] == without["leader_commit"] == 0.0
+
+
 def test_a_fault_is_split_on_the_survivor_that_committed_last():
     events = _events(_survivor("p1", [0.02, 0.025, 0.031, 0.040, 0.043, 0.080]),
                      _survivor("p2", [0.01, 0.012, 0.150, 0.151, 0.152, 0.190]))
@@ -53,8 +70,8 @@ def test_a_trace_without_the_new_events_is_not_split():
 
 
 def test_the_summary_gives_each_phase_its_median_max_and_share():
-    faults = [dict(zip(PHASES, (0.02, 0.003, 0.006, 0.001, 0.002, 0.040))),
-              dict(zip(PHASES, (0.03, 0.005, 0.010, 0.003, 0.004, 0.050)))]
+    faults = [dict(zip(PHASES, (0.02, 0.0, 0.0, 0.0, 0.003, 0.006, 0.001, 0.002, 0.040))),
+              dict(zip(PHASES, (0.03, 0.001, 0.002, 0.003, 0.005, 0.010, 0.003, 0.004, 0.050)))]
     summary = summarize_phases(faults)
     assert summary["detect"]["p50"] == pytest.approx(0.025) and summary["detect"]["max"] == pytest.approx(0.03)
     assert sum(s["share"] for s in summary.values()) == pytest.approx(1.0)

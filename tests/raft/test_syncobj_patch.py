@@ -171,21 +171,37 @@ def test_a_turn_whose_tick_handled_messages_is_followed_by_another_without_sleep
     assert node._turn() > 0 and so.raftLastApplied == 2
 
 
-def test_a_follower_told_its_leader_is_dead_campaigns_within_the_spread_and_only_for_that_leader():
+def _follower_of(self_id: str, others: tuple[str, str]):
+    """A RaftNode over a SyncObj that follows LEADER in term 1, its election a full timeout away."""
     from pysyncobj.monotonic import monotonic as so_monotonic
 
     from p2pgen.raft.node import RaftNode
 
-    so, _ = make(JobSyncObj)
-    node = RaftNode("job", FOLLOWER, [FOLLOWER, LEADER, OTHER], b"a secret for a test")
+    so, _ = make(JobSyncObj, self_id=self_id, others=others)
+    node = RaftNode("job", self_id, [self_id, *others], b"a secret for a test")
     node._so = so
     so.doTick = lambda time_to_wait: None
     deliver(so, append(1, (1, 0), [(2, 1)], commit=1))            # LEADER leads term 1
     assert so._getLeader().id == LEADER
-    so._SyncObj__raftElectionDeadline = so_monotonic() + 10.0      # a full election timeout away
-    node.hasten_election(OTHER)                                     # not the leader it follows: nothing changes
-    node._turn()
-    assert so._SyncObj__raftElectionDeadline > so_monotonic() + 5.0
-    node.hasten_election(LEADER)
-    node._turn()
-    assert so._SyncObj__raftElectionDeadline <= so_monotonic() + node.timing.hasten_spread
+    so._SyncObj__raftElectionDeadline = so_monotonic() + 10.0
+    return node, so
+
+
+def test_followers_told_their_leader_is_dead_campaign_in_id_order_and_only_for_that_leader():
+    """The first surviving voter in id order campaigns at once, the next one `hasten_spread` later: they
+    do not split the vote. A leader that is not the one followed changes nothing."""
+    from pysyncobj.monotonic import monotonic as so_monotonic
+
+    first, second = sorted((FOLLOWER, OTHER))
+    deadlines = {}
+    for me, other in ((FOLLOWER, OTHER), (OTHER, FOLLOWER)):
+        node, so = _follower_of(me, (LEADER, other))
+        node.hasten_election(other)                                  # not the leader it follows
+        node._turn()
+        assert so._SyncObj__raftElectionDeadline > so_monotonic() + 5.0
+        node.hasten_election(LEADER)
+        node._turn()
+        deadlines[me] = so._SyncObj__raftElectionDeadline - so_monotonic()
+    spread = RaftTiming().hasten_spread
+    assert deadlines[first] <= 0.01
+    assert spread - 0.02 <= deadlines[second] <= spread
