@@ -43,6 +43,9 @@ def _free(port: int) -> bool:
     return True
 
 
+SERVICE_PORTS = (32100, 32768)
+
+
 def port_range() -> tuple[int, int]:
     """Where tests take ports: $P2PGEN_TEST_PORTS=LOW-HIGH (runs side by side on one machine keep apart), else
     20000-32000."""
@@ -69,6 +72,22 @@ def free_control_ports(n: int) -> list[int]:
         if port >= high:
             port = low - low % PORTS_PER_AGENT + PORTS_PER_AGENT
     return ports
+
+
+def free_service_port() -> int:
+    """A free TCP port for a test's own server (a status page), in SERVICE_PORTS: below 32768 and outside
+    the agents' range, so no agent another test starts meanwhile can take it (spread by pid)."""
+    low, high = SERVICE_PORTS
+    start = low + (os.getpid() * 7) % (high - low)
+    for i in range(high - low):
+        port = low + (start - low + i) % (high - low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port in {low}-{high - 1} for a test's server")
 
 
 def free_local_base(n: int) -> int:

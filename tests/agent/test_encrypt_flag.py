@@ -16,6 +16,7 @@ from p2pgen.errors import P2PGenError
 from p2pgen.peer import Peer, join
 from p2pgen.state import SharedState
 from p2pgen.transport import seal
+from p2pgen_lab.rigs.agents import free_local_base
 
 ROOT = Path(__file__).resolve().parents[2]
 EXACT_APP = str(ROOT / "tests" / "integration" / "apps" / "exact_train.py")
@@ -63,8 +64,8 @@ def test_encrypt_with_the_nccl_backend_is_refused_before_anything_starts():
 @pytest.mark.timeout(180)
 def test_join_local_encrypt_trains_to_identical_states(tmp_path):
     env = {**os.environ, "EXACT_STEPS": "20", "EXACT_STEP_DELAY": "0.02"}
-    cmd = [sys.executable, "-m", "p2pgen", "join", "--local", "2", "--base-port", "27600", "--job", "local-encrypt",
-           "--encrypt", "--", sys.executable, EXACT_APP]
+    cmd = [sys.executable, "-m", "p2pgen", "join", "--local", "2", "--base-port", str(free_local_base(2)),
+           "--job", "local-encrypt", "--encrypt", "--", sys.executable, EXACT_APP]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=170)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from p2pgen_lab.rigs.agents import pid_alive
+from p2pgen_lab.rigs.agents import free_local_base, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 EXACT_APP = str(ROOT / "tests" / "integration" / "apps" / "exact_train.py")
 
 
-def _local(base_port: int, n: int, *extra: str, command: list[str] | None = None) -> list[str]:
+def _local(n: int, *extra: str, command: list[str] | None = None) -> list[str]:
+    """`p2pgen join --local n` on free ports (a fixed base collided with other tests' agents)."""
+    base_port = free_local_base(n)
     cmd = [sys.executable, "-m", "p2pgen", "join", "--local", str(n), "--base-port", str(base_port),
            "--job", f"local-{base_port}", *extra]
     return cmd + (["--", *command] if command else [])
@@ -56,7 +58,7 @@ def _wait_for_line(proc: subprocess.Popen, needle: str) -> list[str]:
 @pytest.mark.timeout(150)
 def test_normal_end_prints_no_warning_and_whole_summary_lines(tmp_path):
     env = {**os.environ, "EXACT_STEPS": "30", "EXACT_STEP_DELAY": "0.02"}
-    done = subprocess.run(_local(27100, 3, command=[sys.executable, EXACT_APP]), env=env, capture_output=True,
+    done = subprocess.run(_local(3, command=[sys.executable, EXACT_APP]), env=env, capture_output=True,
                           text=True, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -71,7 +73,7 @@ def test_normal_end_prints_no_warning_and_whole_summary_lines(tmp_path):
 @pytest.mark.timeout(120)
 def test_failing_applications_make_a_non_zero_exit_naming_them(tmp_path):
     app = [sys.executable, "-c", "import sys; print('cannot open dataset /nowhere', file=sys.stderr); sys.exit(3)"]
-    done = subprocess.run(_local(27200, 2, "--max-restarts", "1", "--attach-grace", "0", command=app),
+    done = subprocess.run(_local(2, "--max-restarts", "1", "--attach-grace", "0", command=app),
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "agent(s) failed: peer" in done.stderr, done.stderr
@@ -85,7 +87,7 @@ def test_failing_applications_make_a_non_zero_exit_naming_them(tmp_path):
 @pytest.mark.timeout(120)
 def test_sigterm_stops_every_agent_and_application(tmp_path):
     app = [sys.executable, "-c", "import time; time.sleep(600)"]
-    proc = subprocess.Popen(_local(27300, 3, "--attach-grace", "0", command=app), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_local(3, "--attach-grace", "0", command=app), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
         _wait_for_line(proc, "generation 1 activated")
@@ -105,7 +107,7 @@ def test_sigterm_stops_every_agent_and_application(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_sigkilled_runner_takes_its_agents_and_applications_with_it(tmp_path):
     app = [sys.executable, "-c", "import time; time.sleep(600)"]
-    proc = subprocess.Popen(_local(27400, 3, "--attach-grace", "0", command=app), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_local(3, "--attach-grace", "0", command=app), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     agents: list[int] = []
     apps: list[int] = []
@@ -131,9 +133,9 @@ def test_applications_get_one_openmp_thread_unless_told_otherwise(tmp_path):
     app = [sys.executable, "-c", "import os, sys; print('threads=' + os.environ.get('OMP_NUM_THREADS', 'unset'), "
                                  "file=sys.stderr); sys.exit(3)"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    for base_port, given, expected in ((27500, None, "threads=1"), (27520, "3", "threads=3")):
+    for given, expected in ((None, "threads=1"), ("3", "threads=3")):
         run_env = env if given is None else {**env, "OMP_NUM_THREADS": given}
-        done = subprocess.run(_local(base_port, 2, "--max-restarts", "0", "--attach-grace", "0", command=app),
+        done = subprocess.run(_local(2, "--max-restarts", "0", "--attach-grace", "0", command=app),
                               env=run_env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
         assert done.returncode == 1, done.stdout + done.stderr
         reports = done.stderr.split("FAILED: ")[1:]

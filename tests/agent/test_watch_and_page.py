@@ -14,9 +14,9 @@ import urllib.request
 import pytest
 
 from p2pgen.agent.watch import last_fault
-from p2pgen_lab.rigs.agents import active_members, free_control_ports
+from p2pgen_lab.rigs.agents import active_members, free_control_ports, free_service_port
 
-HTTP_PORT = 27500
+HTTP_PORT = free_service_port()
 
 
 def _entry(generation: int, members: list[str], reason: str, at: float, outcome: str = "activated") -> dict:
