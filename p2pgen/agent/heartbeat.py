@@ -192,11 +192,15 @@ class HeartbeatRunner:
         next_send = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            if now >= next_send:
-                self._round(now, now - next_send)
-                next_send = now + self.config.heartbeat_interval
-            else:
-                self._hint_turn()
+            try:
+                if now >= next_send:
+                    self._round(now, now - next_send)
+                    next_send = now + self.config.heartbeat_interval
+                else:
+                    self._hint_turn(now)
+            except Exception:       # a fault in one turn must not leave the agent deaf and mute for good
+                log.exception("heartbeat turn failed; the next one runs as planned")
+                next_send = max(next_send, now + self.config.heartbeat_interval)
             wait = next_send - time.monotonic()
             if self._hinted:
                 wait = min(wait, HINT_RECHECK_S)
@@ -218,9 +222,11 @@ class HeartbeatRunner:
         self._judge(targets, time.monotonic())
         self._send(targets)
 
-    def _hint_turn(self) -> None:
-        """Between rounds: probe newly hinted targets, take what arrived, look for their refusals."""
+    def _hint_turn(self, now: float) -> None:
+        """Between rounds: probe newly hinted targets, take what arrived, look for their refusals. The targets
+        are tracked as in a round (one that joined since the last round gets its history first)."""
         targets = self._all_targets()
+        self._track(targets, now)
         self._receive(targets)              # an arrival after a probe left says the target lives
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())

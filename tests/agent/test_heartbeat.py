@@ -200,6 +200,30 @@ def test_a_hint_probes_a_dead_agent_at_once_and_its_refusal_reports_it():
 
 
 @pytest.mark.timeout(30)
+def test_a_hint_about_a_target_added_since_the_last_round_is_judged_without_a_fault():
+    """D becomes a target between two rounds and is hinted at once (a replaced agent's Raft link closes): the
+    hint turn tracks it before judging, so D's refusal reports it (never heard, while A hears B) and A's
+    heartbeat thread keeps running."""
+    a_addr, b_addr, d_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(3))
+    targets = {b_addr}
+    suspected: list[tuple[str, str]] = []
+    a = runner(a_addr, lambda: set(targets), lambda peer, instance, why: suspected.append((peer, why)))
+    a.config = HINT_CONFIG
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    b.config = HINT_CONFIG
+    with running(a, b):
+        wait_for(lambda: b_addr in a.heard())
+        targets.add(d_addr)
+        a.hint(d_addr, "its Raft link to this agent closed")
+        wait_for(lambda: d_addr in a.suspected())
+        assert a._thread.is_alive()
+        time.sleep(2 * HINT_CONFIG.heartbeat_interval)
+        assert b_addr in a.heard() and b_addr not in a.suspected()
+    assert [peer for peer, _ in suspected] == [d_addr]
+    assert "never heard from" in suspected[0][1] and "probed at once" in suspected[0][1]
+
+
+@pytest.mark.timeout(30)
 def test_a_hint_about_a_live_or_stopped_agent_reports_nothing():
     """A hint is not a suspicion: B, alive, is heard again (and counts no replay); C, stopped (its port held),
     refuses nothing. Neither is reported while their hints are open or after."""
