@@ -46,6 +46,7 @@ from p2pgen_lab.bench.peers import DEPLOYMENTS, MISSING, StepLoopDeployment, set
 from p2pgen_lab.bench.table import aligned
 from p2pgen_lab.rigs.agents import RESTART_ALL_AGENT_ARGS, Cluster, active, active_members, free_control_ports
 from p2pgen_lab.rigs.netns import EmulatedCluster
+from p2pgen_lab.rigs.traces import read_records
 
 APP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SECTIONS = ("membership", "steploop", "heal", "catchup", "overhead", "drain")
@@ -348,7 +349,13 @@ def analyze_fault(events: Events, fault: Fault, raft: Events = ()) -> dict[str, 
             "to_first_commit_s": max(e["t"] for e in first) - fault.t, "to_regain_s": until - fault.t,
             "rollback_steps": r_fault - (min(e["revision"] for e in first) - 1), "processes_started": len(started),
             "heal_s": min(healed) - fault.t if healed else None,
+            "raft_leaders": _leaders_elected(raft, fault.t, until) if raft else None,
             "phases": fault_phases(events, survivors, fault.t, raft) if fault.policy == "p2pgen" else None}
+
+
+def _leaders_elected(raft: Events, after: float, until: float) -> int:
+    """How many Raft terms got a leader in (after, until]: 1 after the leader's loss, more in an election storm."""
+    return len({(r.get("epoch", 0), r["term"]) for r in raft if r.get("kind") == "leader" and after < r["t"] <= until})
 
 
 def make_deployment(policy: str, plan: Plan, detect_timeout: float, workdir: Path,
@@ -375,27 +382,13 @@ def run_steploop_block(policy: str, trials: int, first_trial: int, plan: Plan, d
     finally:
         deployment.stop()
     events = tail.refresh()
-    raft = read_raft_traces(raft_trace_dir(workdir))
+    raft = read_records(raft_trace_dir(workdir))
     return [analyze_fault(events, f, raft) for f in faults]
 
 
 def raft_trace_dir(workdir: Path) -> Path:
     """Where a p2pgen block's agents write their Raft traces (the breakdown's election marks)."""
     return workdir / "raft"
-
-
-def read_raft_traces(directory: Path) -> Events:
-    """Every record of the agents' Raft traces under `directory`, by time (a line cut by SIGKILL is skipped)."""
-    records = []
-    for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else ():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("t"), (int, float)):
-                records.append(record)
-    return sorted(records, key=lambda r: r["t"])
 
 
 def available_peers(peers: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -420,7 +413,8 @@ STEPLOOP_METRICS = (("to_active_s", "to next active generation (ms)", 1000.0),
                     ("to_regain_s", "to regain pre-fault revision (ms)", 1000.0),
                     ("rollback_steps", "steps rolled back", 1.0),
                     ("heal_s", "heal: to the replacement's first commit (ms)", 1000.0),
-                    ("processes_started", "processes started", 1.0))
+                    ("processes_started", "processes started", 1.0),
+                    ("raft_leaders", "Raft leaders elected until then", 1.0))
 
 
 def summarize_steploop(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:

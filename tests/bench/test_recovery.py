@@ -70,6 +70,19 @@ def test_analysis_of_a_p2pgen_fault_measures_the_heal_of_the_victim_and_no_rollb
     assert got["processes_started"] == 0                    # p1 came back after the survivors regained
 
 
+def test_the_leaders_elected_after_a_fault_count_distinct_terms_until_every_survivor_regained():
+    """Two agents trace the new leader of term 3 (one election), a term-2 leader before the fault and a term-4
+    one after the survivors regained are outside: 1. Without Raft traces the figure is absent (None)."""
+    raft = [{"kind": "leader", "term": 2, "t": 9.5}, {"kind": "leader", "term": 3, "t": 10.4},
+            {"kind": "leader", "term": 3, "t": 10.41}, {"kind": "vote", "term": 3, "t": 10.3},
+            {"kind": "leader", "term": 4, "t": 20.0}]
+    fault = recovery.Fault("p2pgen", "kill_agent", "p1", 10.0)
+    assert recovery.analyze_fault(P2PGEN, fault, raft)["raft_leaders"] == 1
+    storm = raft + [{"kind": "leader", "term": 5, "t": 10.6}]
+    assert recovery.analyze_fault(P2PGEN, fault, storm)["raft_leaders"] == 2
+    assert recovery.analyze_fault(P2PGEN, fault)["raft_leaders"] is None
+
+
 def test_heal_ignores_the_victims_old_process_and_is_none_until_a_new_one_commits():
     old_only = [e for e in P2PGEN if not (e["peer"] == "p1" and e["incarnation"] == 2)]
     old_only.append(commit("p1", 1, 4, 13, 12.0))           # a commit of the old incarnation: not a heal
