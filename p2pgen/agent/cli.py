@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from p2pgen.agent.detectflags import add_detector_arguments, config_from_args
+from p2pgen.agent.detectflags import add_detector_arguments, config_from_args, detector_flags
 from p2pgen.agent.probe import PROBE_BYTES
 from p2pgen.agent.statedir import add_state_arguments, state_config_from_args, state_flags
 from p2pgen.auth import SecretError, load_secret, read_secret_file
@@ -441,13 +441,12 @@ def run_local_demo(args: argparse.Namespace) -> int:
     try:
         state = state_config_from_args(args)
         encrypt = _encrypt(args)
+        detector = config_from_args(args)
     except ValueError as e:
         print(f"p2pgen join --local: {e}", file=sys.stderr)
         return 2
-    agent_args = [*state_flags(state), f"--detector={args.detector}", f"--detect-timeout={args.detect_timeout}",
-                  f"--detect-floor={args.detect_floor}", f"--phi-threshold={args.phi_threshold}",
-                  f"--heartbeat-interval={args.heartbeat_interval}", f"--detect-window={args.detect_window}",
-                  f"--max-restarts={args.max_restarts}", f"--attach-grace={args.attach_grace}",
+    agent_args = [*state_flags(state), *detector_flags(detector), f"--max-restarts={args.max_restarts}",
+                  f"--attach-grace={args.attach_grace}",
                   f"--standby={args.standby}"] + (["--encrypt"] if encrypt else [])
     job = LocalJob(n, args.job, args.base_port, agent_args, _command(args), args.secret_file,
                    chaos=args.chaos, seed=args.chaos_seed, steps=args.steps, step_delay=_demo_step_delay(args),

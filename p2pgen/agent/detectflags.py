@@ -39,6 +39,11 @@ def add_detector_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"heartbeat intervals kept per peer for phi (default {d.window})")
 
 
+def detector_flags(config: DetectorConfig) -> tuple[str, ...]:
+    """The `p2pgen join` flags that give an agent `config` (what a harness passes to the agents it starts)."""
+    return tuple(f"--{flag.replace('_', '-')}={getattr(config, field)}" for flag, field in _FLAGS.items())
+
+
 def config_from_args(args: argparse.Namespace) -> DetectorConfig:
     """The validated config for parsed args; ValueError naming the flag(s) to fix otherwise."""
     values = {field: getattr(args, flag) for flag, field in _FLAGS.items()}

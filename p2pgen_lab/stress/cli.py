@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from p2pgen.agent.detectflags import add_detector_arguments, config_from_args, detector_flags
 from p2pgen.termprogress import TermProgress
 from p2pgen_lab.rigs.netns import add_arguments as add_cluster_arguments
 
@@ -44,6 +45,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="only these fault kinds (default: all: kill_app, kill_agent, kill_two, pause, join, leave, "
                         "partition, and with --hosts host_cut, zone_partition); the draws stay the same, so a seed "
                         "still replays one plan")
+    p.add_argument("--fault-every", type=float, metavar="S",
+                   help="mean seconds between faults (default 1.75: uniform 0.5-3 s); the draws stay the same")
+    p.add_argument("--calm", type=float, default=0.0, metavar="S",
+                   help="train S seconds without faults before them and report the goodput: the committed-step "
+                        "rate with faults over that fault-free rate, with the lost time by fault kind")
+    add_detector_arguments(p)
     add_cluster_arguments(p, "each agent (with its application)")
     p.add_argument("--json", action="store_true", help="the report as JSON on stdout (action lines go to stderr)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directory (logs, traces, progress) under DIR")
@@ -78,8 +85,10 @@ def cmd_stress(args: argparse.Namespace) -> int:
     from p2pgen.errors import P2PGenError
     from p2pgen_lab.stress.harness import FAULTS_BEGIN, FAULTS_END, StressConfig, run
 
-    if args.agents < 2 or args.duration <= 0:
-        print("p2pgen stress: --agents must be at least 2 and --duration positive", file=sys.stderr)
+    if args.agents < 2 or args.duration <= 0 or args.calm < 0 or (args.fault_every is not None
+                                                                   and args.fault_every <= 0):
+        print("p2pgen stress: --agents must be at least 2, --duration and --fault-every positive, --calm not "
+              "negative", file=sys.stderr)
         return 2
     from p2pgen_lab.stress.plan import KINDS
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -99,10 +108,16 @@ def cmd_stress(args: argparse.Namespace) -> int:
     except (ClusterError, TopologyError) as e:
         print(f"p2pgen stress: {e}", file=sys.stderr)
         return 2
+    try:
+        detect = detector_flags(config_from_args(args))
+    except ValueError as e:
+        print(f"p2pgen stress: {e}", file=sys.stderr)
+        return 2
     app = args.app[1:] if args.app[:1] == ["--"] else args.app
     config = StressConfig(agents=args.agents, duration=args.duration, seed=args.seed, command=list(app),
                           step_delay=args.step_delay, settle_timeout=args.settle_timeout,
-                          max_agents=max_agents, min_agents=min(3, args.agents), kinds=kinds, hosts=hosts)
+                          max_agents=max_agents, min_agents=min(3, args.agents), kinds=kinds, hosts=hosts,
+                          calm=args.calm, fault_every=args.fault_every, detect=detect)
     run_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="p2pgen-stress-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     out = sys.stderr if args.json else sys.stdout
@@ -151,6 +166,16 @@ def recovery_by_kind(actions: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def render_goodput(g: Any) -> list[str]:
+    """The goodput line and the table of lost time by fault kind."""
+    from p2pgen_lab.stress.goodput import format_losses
+
+    return [f"goodput: {g.ratio:.3f} ({g.fault_rate:.2f} committed steps/s over {g.fault_s:.0f} s of faults, "
+            f"{g.calm_rate:.2f} over {g.calm_s:.0f} s without, same run)",
+            "lost seconds by fault kind (each fault owns the time to the next), and the phases of the reforms "
+            "it caused (seconds, summed; see p2pgen_lab.stress.goodput):", *("  " + r for r in format_losses(g))]
+
+
 def render(report: Any, args: argparse.Namespace) -> str:
     v = report.verdict
     kinds = Counter(a["kind"] for a in report.actions)
@@ -172,6 +197,8 @@ def render(report: Any, args: argparse.Namespace) -> str:
         found = sum(f.startswith("minority ") for f in report.failures)
         lines.append(f"progress on a cut-off side ({cuts} cut(s); a commit or a Raft leader there later than "
                      f"{IN_FLIGHT_S} s after the cut): {found or 'none'}")
+    if report.goodput is not None:
+        lines += render_goodput(report.goodput)
     lines.append(report.checker.render())
     lines.append("regressions: " + ("none" if not v.regressions else ""))
     lines += [f"  generation {r['generation']} activated at revision {r['revision']} after revision "

@@ -14,6 +14,8 @@ the same port on every host; a joiner takes a host nobody ran on yet, else the h
 agent has exited (a new machine given a departed one's address); host cuts and zone partitions go through the hosts' own
 tools (`p2pgen_lab.rigs.netns`), and their cut side is judged like a partition's minority. The cluster is made when
 the run starts and removed, with every namespace and link, when it ends.
+With `StressConfig.calm` the job first trains that long without faults, and the report adds the goodput of the
+fault window against it (`p2pgen_lab.stress.goodput`); `fault_every` rescales the delays between faults.
 Invariant kept: every process it starts is stopped by pid (the process group of each agent) before
 `run` returns, whatever happened; a pid reported by an agent is signalled only while it is that
 agent's child.
@@ -36,11 +38,12 @@ from p2pgen.agent import launch
 from p2pgen.agent.client import AgentClient
 from p2pgen.errors import P2PGenError
 from p2pgen.progress import ENV as PROGRESS_ENV
-from p2pgen.progress import CommitLog, write_stop
+from p2pgen.progress import Commit, CommitLog, write_stop
 from p2pgen.raft import checker
 from p2pgen_lab.rigs.agents import AgentProc, Cluster, free_control_ports
 from p2pgen_lab.rigs.netns import EmulatedCluster
-from p2pgen_lab.stress import plan, verdict
+from p2pgen_lab.rigs.traces import read_records
+from p2pgen_lab.stress import goodput, plan, verdict
 
 FAULTS_BEGIN = "training started: faults begin"      # said when the fault phase starts (the CLI times it)
 FAULTS_END = "faults end; waiting for the job to settle"
@@ -49,6 +52,7 @@ LOOP_S = 0.05
 OBSERVE_EVERY_S = 1.0
 HISTORY_EVERY_S = 2.0
 SETTLE_OBSERVE_S = 0.5
+CALM_WARMUP_S = 2.0              # of training after the first commit before the calm window is measured
 STOP_MARGIN = 30                 # steps past the highest committed revision when the stop is written
 EXIT_WAIT_S = 20.0
 SPARE_ADDRESSES = 64             # fresh control addresses for joining peers
@@ -68,6 +72,9 @@ class StressConfig:
     min_agents: int = 3
     kinds: tuple[str, ...] = ()          # only these fault kinds (empty: all of plan.KINDS)
     hosts: EmulatedCluster | None = None  # one emulated host per agent (not yet created: the run makes it)
+    calm: float = 0.0                    # seconds of fault-free training measured before the faults (goodput)
+    fault_every: float | None = None     # mean seconds between faults (None: DELAY_S, 1.75 s on average)
+    detect: tuple[str, ...] = ()         # the agents' detector flags (empty: `p2pgen join`'s defaults)
 
 
 @dataclass
@@ -95,6 +102,7 @@ class Report:
     final_revisions: dict[str, int | None]
     notes: list[str]
     run_dir: Path
+    goodput: goodput.Goodput | None = None
 
     @property
     def passed(self) -> bool:
@@ -107,7 +115,7 @@ class Report:
                 "max_stall_s": round(v.max_stall_s, 3), "regressions": v.regressions,
                 "digest_mismatches": v.mismatches, "final_digests": v.final_digests,
                 "final_revisions": self.final_revisions, "settled": v.settled, "notes": self.notes,
-                "run_dir": str(self.run_dir)}
+                "run_dir": str(self.run_dir), "goodput": self.goodput.to_json() if self.goodput else None}
 
 
 class Harness:
@@ -116,7 +124,7 @@ class Harness:
         self.rng = random.Random(f"p2pgen-stress/{config.seed}")
         for sub in ("traces", "progress"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=(), hosts=config.hosts)
+        self.cluster = Cluster(run_dir, job=f"stress-{config.seed}", detect=config.detect, hosts=config.hosts)
         self.rules = run_dir / "faults.json"
         faults.heal(self.rules)
         self.partition: tuple[faults.Window, float] | None = None   # the open network fault, and when to heal it
@@ -144,6 +152,8 @@ class Harness:
         self._latest: dict[str, Any] | None = None           # the leader's (else the newest) `show` seen last
         self._last: dict[str, tuple[int, int, str]] = {}    # peer -> (incarnation, revision, digest) newest
         self._stop_written_at: float | None = None
+        self.calm_window: tuple[float, float] | None = None  # wall times of the fault-free measurement
+        self.fault_window: tuple[float, float] | None = None
 
     # --- the run ------------------------------------------------------------------------------------
 
@@ -157,7 +167,10 @@ class Harness:
             self._start_job()
             first = self._wait_first_commit()
             if first is not None:
+                self._calm()
+                began = time.time()
                 self._fault_loop(time.monotonic() + self.config.duration)
+                self.fault_window = (began, time.time())
                 settled = self._finish()
                 window = (first, self._stop_written_at or time.time())
         finally:
@@ -191,15 +204,27 @@ class Harness:
         self._problem(f"no step committed within {self.config.start_timeout:.0f} s of the start")
         return None
 
+    def _calm(self) -> None:
+        """With `config.calm`: CALM_WARMUP_S of training, then `calm` seconds measured without faults."""
+        if self.config.calm <= 0:
+            return
+        self.say(f"{self.config.calm:.0f} s without faults (the goodput's reference rate)")
+        for seconds in (CALM_WARMUP_S, self.config.calm):
+            began, end = time.time(), time.monotonic() + seconds
+            while time.monotonic() < end:
+                self._tick()
+                time.sleep(LOOP_S)
+        self.calm_window = (began, time.time())
+
     def _fault_loop(self, end: float) -> None:
-        next_action = time.monotonic() + plan.next_delay(self.rng)
+        next_action = time.monotonic() + plan.next_delay(self.rng, self.config.fault_every)
         while time.monotonic() < end:
             self._tick()
             if time.monotonic() >= next_action:
                 self._observe()
                 action = plan.choose(self.rng, self._world(), new_peer=f"p{len(self.slots)}", kinds=self.config.kinds)
                 self._execute(action)
-                next_action = time.monotonic() + plan.next_delay(self.rng)
+                next_action = time.monotonic() + plan.next_delay(self.rng, self.config.fault_every)
             time.sleep(LOOP_S)
 
     def _tick(self) -> None:
@@ -491,7 +516,20 @@ class Harness:
         failures = v.failures(self.faults) + self.problems + faults.minority_violations(
             self.windows, [(c.t, c.peer) for c in commits], leaders)
         return Report(self.actions, v, result, failures, {p: r for p, (r, _) in finals.items()}, self.notes,
-                      self.run_dir)
+                      self.run_dir, self._goodput(commits, traces.records))
+
+    def _goodput(self, commits: list[Commit], raft: list[dict[str, Any]]) -> goodput.Goodput | None:
+        """With a calm window: the goodput of the fault window against it, and its lost time by fault kind."""
+        if self.calm_window is None or self.fault_window is None:
+            return None
+        at = [goodput.FaultAt(a["t"] + self.t0, a["kind"], tuple(a["targets"]))
+              for a in self.actions if a["kind"] != "none"]
+        try:
+            return goodput.measure(commits, at, self.calm_window, self.fault_window,
+                                   read_records(self.run_dir / "traces"), raft)
+        except ValueError as e:
+            self._problem(f"no goodput: {e}")
+            return None
 
     def _problem(self, text: str) -> None:
         self.problems.append(text)

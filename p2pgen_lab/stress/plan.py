@@ -134,8 +134,11 @@ class Draws:
                    rng.uniform(*HEAL_S), rng.random())
 
 
-def next_delay(rng: random.Random) -> float:
-    return rng.uniform(*DELAY_S)
+def next_delay(rng: random.Random, mean: float | None = None) -> float:
+    """Seconds until the next action: uniform over DELAY_S, scaled to average `mean` when it is given (the same
+    draw either way, so one seed replays one plan at another rate)."""
+    draw = rng.uniform(*DELAY_S)
+    return draw if mean is None else draw * mean / (sum(DELAY_S) / 2)
 
 
 def quorum_safe(world: World, targets: list[Agent]) -> bool:

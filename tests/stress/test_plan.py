@@ -44,6 +44,15 @@ def test_every_action_draws_the_same_number_of_values_whatever_the_world():
     assert a.random() == b.random()
 
 
+def test_a_mean_rescales_the_same_draws():
+    """`--fault-every 15` waits 15 / 1.75 times longer between the same actions."""
+    plain, scaled = random.Random(3), random.Random(3)
+    for _ in range(20):
+        d = plan.next_delay(plain)
+        assert plan.next_delay(scaled, 15.0) == pytest.approx(d * 15.0 / 1.75)
+    assert plain.random() == scaled.random()
+
+
 def test_timings_stay_in_their_ranges():
     rng = random.Random(1)
     delays = [plan.next_delay(rng) for _ in range(500)]

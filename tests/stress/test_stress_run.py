@@ -27,9 +27,22 @@ def test_a_short_churn_run_is_safe_live_and_ends_identical(capsys, tmp_path):
     seed = os.environ.get("P2PGEN_STRESS_SEED", "1")
     hosts = [] if netns.unavailable() else ["--hosts", "5", "--rate", "1gbit"]
     code = main(["stress", "--agents", "4", "--duration", "40", "--seed", seed, "--json", "--keep", str(tmp_path),
-                 *hosts])
+                 "--calm", "3", *hosts])
     report = json.loads(capsys.readouterr().out)
     assert set(report["violations"]) == set(CHECKS) and report["actions"]
     assert {"actions", "violations", "max_stall_s", "regressions", "final_digests"} <= set(report)
     assert code == 0 and report["passed"], "\n".join(report["failures"]) + f"\nrun directory: {tmp_path}"
     assert len(set(report["final_digests"].values())) == 1
+    goodput = report["goodput"]                        # against the 3 s without faults before them
+    assert goodput["calm_rate"] > 0 and 0 < goodput["goodput"]
+    kinds = {a["kind"] for a in report["actions"]} | {"before the first fault", "other"}
+    assert set(goodput["by_kind"]) <= kinds
+    lost = sum(k["lost_s"] for k in goodput["by_kind"].values())
+    assert lost == pytest.approx(goodput["fault_s"] * (1 - goodput["goodput"]), abs=0.05)
+
+
+@pytest.mark.parametrize("flags, says", [(["--fault-every", "0"], "--fault-every"), (["--calm", "-1"], "--calm"),
+                                         (["--detect-floor", "3"], "floor 3 s exceeds timeout")])
+def test_bad_rates_and_detectors_are_refused_before_anything_starts(capsys, flags, says):
+    assert main(["stress", *flags]) == 2
+    assert says in capsys.readouterr().err
