@@ -89,6 +89,7 @@ from p2pgen.core.follower import (
 from p2pgen.core.view import ActiveGeneration, JobView
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.progress import Progress
+from p2pgen.stallreport import StallReporter
 from p2pgen.state import (
     CheckpointError,
     ServerConfig,
@@ -483,6 +484,8 @@ class Peer:
         self._lost: str | None = None             # why the local agent counts as lost (set by the watcher)
         self._watcher = threading.Thread(target=self._watch, args=(agent_addr,), name="p2pgen-watch", daemon=True)
         self._watcher.start()
+        StallReporter(lambda: AgentClient(agent_addr, self._secret, job=job), self._stall_sample, incarnation,
+                      self._closed)
         self.stats = {"generations": 0, "steps_committed": 0, "steps_discarded": 0, "seconds_between": 0.0}
         self._progress = Progress.from_env(self)    # committed steps for `join --local --chaos` and `p2pgen stress`
         global _current
@@ -908,6 +911,14 @@ class Peer:
                           nbytes=sum(o.nbytes_held for o in self.state.sharded.values()))
 
     # --- watching the agent --------------------------------------------------------------------------
+
+    def _stall_sample(self) -> tuple[int, float | None, int] | None:
+        """What the stall reporter reads: the running generation, when its operation in flight began, and the
+        bytes its links received (None before the first generation and on a backend that cannot tell: nccl)."""
+        backend = self._backend
+        activity = getattr(backend, "activity", None)
+        seen = activity() if activity is not None else None
+        return None if seen is None else (backend.generation, *seen)
 
     def _wait_view(self, seen: JobView, timeout: float) -> None:
         """Wait (at most `timeout`) for a view newer than `seen`; at once if one arrived since."""

@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Agent", "AgentConfig", "JoinError", "PORTS_PER_AGENT", "port_of"]
 
+STALL_LEASE_S = 0.3            # a stall report holds this long (the application repeats it every 0.05 s)
 PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # from the control port (README)
 PORTS_PER_AGENT = len(PORT_OFFSETS)
 SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
@@ -703,7 +704,8 @@ class Agent:
             "reform": self._rpc_reform,
             "show": self._rpc_show, "history": self._rpc_history, "submit": self._rpc_submit,
             "wait": self._rpc_wait, "attach": self._rpc_attach, "leave": self._rpc_leave,
-            "standby": self._rpc_standby, "stopped": self._rpc_stopped, "probe": serve_probe,
+            "standby": self._rpc_standby, "stopped": self._rpc_stopped, "stalled": self._rpc_stalled,
+            "probe": serve_probe,
         }
 
     def _require_view(self) -> RaftView:
@@ -801,6 +803,21 @@ class Agent:
         self._events.put(("attached",))           # wakes the driver: it registers the member now
         voted = self._local.voted is not None and self._local.voted[1] == app.incarnation
         return {"peer_id": self.config.peer_id, "incarnation": app.incarnation, "agent_voted": voted}
+
+    def _rpc_stalled(self, params: dict) -> dict:
+        """The application's collective in `generation` has received nothing for `stalled_s` seconds: the
+        detector judges the other members' agents of that (active) generation from its stalled floor for the
+        next STALL_LEASE_S (the application repeats the report while the stall lasts)."""
+        app = self.app
+        if app is None or params.get("incarnation") != app.incarnation:
+            raise ValueError(f"incarnation {params.get('incarnation')} is not this agent's current application "
+                             f"({app.incarnation if app else 'none'}): a stale process must exit (I3)")
+        active = self._require_view().machine.active
+        if active is None or active.generation != params.get("generation"):
+            return {"agents": []}
+        waited_for = sorted({m.addr("agent") for m in active.members if m.addr("agent")} - {self.addr})
+        self.heartbeats.stalled(waited_for, STALL_LEASE_S)
+        return {"agents": waited_for}
 
     def _rpc_standby(self, params: dict) -> dict:
         """A standby's long-poll (`p2pgen.join()` under P2PGEN_STANDBY): its incarnation once the agent promoted

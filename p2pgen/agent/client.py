@@ -1,6 +1,7 @@
 """AgentClient: what the CLI, tests and applications use to talk to an agent's control API.
 
-Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `attach`, `standby`, `leave`;
+Owns: typed wrappers over the authenticated RPC (`show`, `history`, `submit`, `attach`, `standby`, `leave`,
+`stalled`;
 the step loop long-polls `wait` directly). Holds no state of its own beyond one connection; reconnects on demand.
 """
 
@@ -53,6 +54,11 @@ class AgentClient:
 
     def leave(self) -> None:
         self._call("leave")
+
+    def stalled(self, incarnation: int, generation: int, seconds: float) -> list[str]:
+        """Tell the agent this member's collective in `generation` has received nothing for `seconds`; returns
+        the agents it now judges from the stalled floor (empty when `generation` is not the active one)."""
+        return self._call("stalled", incarnation=incarnation, generation=generation, stalled_s=seconds)["agents"]
 
     def close(self) -> None:
         if self._rpc is not None:

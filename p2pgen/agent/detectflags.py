@@ -18,11 +18,13 @@ _FLAGS = {
     "phi_threshold": "phi_threshold",
     "heartbeat_interval": "heartbeat_interval",
     "detect_window": "window",
+    "detect_stalled_floor": "stalled_floor",
 }
 
 
 def add_detector_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --detector, --detect-timeout, --detect-floor, --phi-threshold, --heartbeat-interval, --detect-window."""
+    """Add --detector, --detect-timeout, --detect-floor, --phi-threshold, --heartbeat-interval, --detect-window,
+    --detect-stalled-floor."""
     d = DetectorConfig()
     g = parser.add_argument_group("failure detection")
     g.add_argument("--detector", choices=KINDS, default=d.kind,
@@ -37,6 +39,9 @@ def add_detector_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"seconds between heartbeats (default {d.heartbeat_interval} s)")
     g.add_argument("--detect-window", type=int, default=d.window, metavar="N",
                    help=f"heartbeat intervals kept per peer for phi (default {d.window})")
+    g.add_argument("--detect-stalled-floor", type=float, default=d.stalled_floor, metavar="S",
+                   help="the floor while this agent's application reports its collective stalled (the job waits "
+                        f"for the silent peer; at most --detect-floor; default {d.stalled_floor} s)")
 
 
 def detector_flags(config: DetectorConfig) -> tuple[str, ...]:

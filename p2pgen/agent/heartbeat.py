@@ -36,6 +36,9 @@ Invariants kept:
   the process dies) is probed at once rather than after PROBE_AFTER intervals, and its refusal looked for
   every HINT_RECHECK_S for HINT_WINDOW intervals: a refusal with nothing heard from it since the probe left
   is the same proof. A hint is never a suspicion by itself: a live target is heard again and nothing happens;
+- while the local application reports its collective stalled (`stalled`: the members of those agents are
+  what it waits for), their silences are judged from the detector's stalled floor instead of its floor, for
+  the report's lease; like a hint, a stall report is never a suspicion by itself;
 - a replayed heartbeat (one not newer than the last heard from its process, or from a process already
   replaced at that address) changes nothing: it can neither keep a dead process alive nor report a live
   one as replaced. Every packet dropped is counted under a reason (`refusals()`, shown by `p2pgen show`).
@@ -123,6 +126,7 @@ class HeartbeatRunner:
         self._refused_on_send: set[str] = set()          # probed targets whose refusal a send reported (own thread)
         self._hints_in: dict[str, str] = {}               # hinted target -> why, not yet probed (guarded by _lock)
         self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
+        self._stalled_until: dict[str, float] = {}        # target -> end of its stall report (guarded by _lock)
         self._wake = threading.Event()                    # a hint (or stop) ends the thread's sleep
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -182,6 +186,26 @@ class HeartbeatRunner:
         with self._lock:
             self._hints_in.setdefault(target, why)
         self._wake.set()
+
+    def stalled(self, targets: list[str], lease: float) -> None:
+        """The local application's collective waits for the members of `targets`' agents and receives
+        nothing: judge their silences from the detector's stalled floor for the next `lease` seconds.
+        Thread-safe; never a suspicion by itself.
+
+        Args:
+            targets: agents' control addresses HOST:PORT.
+            lease: seconds the report holds (a new report extends it).
+        """
+        until = time.monotonic() + lease
+        with self._lock:
+            for target in targets:
+                self._stalled_until[target] = max(until, self._stalled_until.get(target, 0.0))
+
+    def _stalled_now(self, now: float) -> frozenset[str]:
+        with self._lock:
+            for target in [t for t, until in self._stalled_until.items() if until <= now]:
+                del self._stalled_until[target]
+            return frozenset(self._stalled_until)
 
     def _run(self) -> None:
         """One round per heartbeat interval: take what arrived since the last round (each packet with the
@@ -479,7 +503,7 @@ class HeartbeatRunner:
         return False
 
     def _judge(self, targets: set[str], now: float) -> None:
-        found = suspects(now, self._history, self.config)
+        found = suspects(now, self._history, self.config, self._stalled_now(now))
         self._silent = set(found) if found and self._hears_no_one(targets, now) else set()
         if not found or self._silent or self._reset_requested:     # a reset voids what was heard before it
             return

@@ -71,6 +71,11 @@ class HostStagedBackend:
         """Why the inner backend is unusable, or None."""
         return self.inner.failed
 
+    def activity(self) -> tuple[float | None, int] | None:
+        """The inner backend's `activity()` (see `TcpBackend.activity`), or None when it has none (nccl)."""
+        activity = getattr(self.inner, "activity", None)
+        return activity() if activity is not None else None
+
     def counters(self) -> dict[str, int]:
         """The inner backend's wire counters (see `TcpBackend.counters`)."""
         return self.inner.counters()

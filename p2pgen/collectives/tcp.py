@@ -128,6 +128,11 @@ class TcpBackend:
         through shared memory moves its data in memory: only its small barrier frames are counted."""
         return self.session.wire.snapshot()
 
+    def activity(self) -> tuple[float | None, int]:
+        """When the operation in flight began (time.monotonic; None while none is) and the payload bytes this
+        generation's links received so far: what `p2pgen.stallreport` reads. Any thread may ask."""
+        return self.session.inflight_since(), self.session.wire.snapshot()["bytes_received"]
+
     # ---- collectives ---------------------------------------------------------------------------
     def all_reduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
         op, flat = as_op(op), Flat(buf, "all_reduce buffer")

@@ -27,6 +27,11 @@ class DetectorConfig:
     heartbeat_interval: how often peers send heartbeats (the sender's period; the decision itself only
     uses it as the expected interval before any sample exists).
     window: inter-arrival samples kept per peer.
+    stalled_floor: the floor while this agent's application reports its collective stalled (nothing received
+    for a while in an operation the silent peer's member is part of): the whole job waits for that peer
+    then, so a silence is judged from this shorter floor; the timeout and the phi rule stay. Never above
+    `floor` (a larger value acts as `floor`). 0.3 s: three missed heartbeats, with the stall as the second
+    witness.
     """
 
     kind: str = "phi"
@@ -35,6 +40,7 @@ class DetectorConfig:
     phi_threshold: float = 8.0
     heartbeat_interval: float = 0.1
     window: int = 100
+    stalled_floor: float = 0.3
 
     def __post_init__(self) -> None:
         problem = _problem(self)
@@ -45,7 +51,7 @@ class DetectorConfig:
 def _problem(c: DetectorConfig) -> str | None:
     if c.kind not in KINDS:
         return f"unknown detector kind {c.kind!r}; use one of {', '.join(KINDS)}"
-    for name in ("timeout", "floor", "phi_threshold", "heartbeat_interval"):
+    for name in ("timeout", "floor", "phi_threshold", "heartbeat_interval", "stalled_floor"):
         value = getattr(c, name)
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             return f"{name} must be a positive finite number, got {value!r}"

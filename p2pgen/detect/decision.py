@@ -1,9 +1,10 @@
 """The failure-detector decision: which peers to suspect now, and why.
 
-Owns: `suspects(now, history, config)`, a pure function (no clock, no I/O, no randomness): the same
+Owns: `suspects(now, history, config, stalled)`, a pure function (no clock, no I/O, no randomness): the same
 inputs always give the same answer, so the agent, the tests and the churn simulator (`p2pgen_lab.simulator`) all
 run this very code. Invariants, for every kind:
-  - a peer heard from within `config.floor` seconds is never suspected;
+  - a peer heard from within `config.floor` seconds is never suspected (within `config.stalled_floor` for the
+    peers in `stalled`: those the local application's stalled collective waits for);
   - a peer silent for more than `config.timeout` seconds is always suspected;
   - between the two, "fixed" waits for the timeout and "phi" suspects once phi > `phi_threshold`;
   - for a given history, suspicion is monotone in `now`: once suspected, still suspected later.
@@ -29,10 +30,15 @@ def phi(elapsed: float, mean: float, std: float) -> float:
     return math.inf if p_later <= 0.0 else -math.log10(p_later)
 
 
-def judge(now: float, stats: PeerStats, config: DetectorConfig) -> str | None:
-    """Reason to suspect one peer at `now`, or None. `suspects` applies this to every peer."""
+def judge(now: float, stats: PeerStats, config: DetectorConfig, stalled: bool = False) -> str | None:
+    """Reason to suspect one peer at `now`, or None. `suspects` applies this to every peer.
+
+    Args:
+        stalled: the local application's collective, which this peer's member is part of, is stalled: the
+            floor is `config.stalled_floor` (at most `config.floor`).
+    """
     elapsed = now - stats.last
-    if elapsed <= config.floor:
+    if elapsed <= (min(config.stalled_floor, config.floor) if stalled else config.floor):
         return None
     if elapsed > config.timeout:
         return f"silent for {elapsed:.2f} s > timeout {config.timeout:.2f} s"
@@ -41,18 +47,23 @@ def judge(now: float, stats: PeerStats, config: DetectorConfig) -> str | None:
     std = max(stats.std, MIN_STD_FRACTION * stats.mean)
     level = phi(elapsed, stats.mean, std)
     if level > config.phi_threshold:
-        return f"phi {level:.1f} > {config.phi_threshold:.1f} after {elapsed:.2f} s"
+        why = " (the job's collective waits for it)" if stalled else ""
+        return f"phi {level:.1f} > {config.phi_threshold:.1f} after {elapsed:.2f} s{why}"
     return None
 
 
-def suspects(now: float, history: HeartbeatHistory, config: DetectorConfig) -> dict[str, str]:
+def suspects(now: float, history: HeartbeatHistory, config: DetectorConfig,
+             stalled: frozenset[str] | set[str] = frozenset()) -> dict[str, str]:
     """peer -> human-readable reason, for every peer in `history` that should be suspected at `now`.
 
     A peer recorded only once (no interval yet) is judged by the fixed rule with `config.timeout`.
+
+    Args:
+        stalled: the peers whose members the local application's stalled collective waits for.
     """
     found: dict[str, str] = {}
     for peer in history.peers():
-        reason = judge(now, history.stats(peer), config)
+        reason = judge(now, history.stats(peer), config, peer in stalled)
         if reason is not None:
             found[peer] = reason
     return found

@@ -58,7 +58,7 @@ class Session:
         self._links: dict[int, Connection] = {}
         self._error: P2PGenError | None = None
         self._abort_reason: str | None = None
-        self._inflight: tuple[str, int] | None = None
+        self._inflight: tuple[str, int, float] | None = None    # (operation, thread, monotonic start)
         self._abort_lock = threading.Lock()
         self._quiescence: str | None = None
         self.wire = WireCounters(transport.wire)     # this generation's frames (and the transport's total)
@@ -180,7 +180,7 @@ class Session:
             if self._inflight is not None:
                 raise RuntimeError(f"{name} called while {self._inflight[0]} is in flight: a communicator "
                                    "runs one operation at a time")
-            self._inflight = (name, threading.get_ident())
+            self._inflight = (name, threading.get_ident(), time.monotonic())
         try:
             yield
         except BaseException as e:
@@ -192,6 +192,11 @@ class Session:
             with self._cond:
                 self._inflight = None
                 self._cond.notify_all()
+
+    def inflight_since(self) -> float | None:
+        """When (time.monotonic) the operation in flight began, or None while none is. Any thread may ask."""
+        flight = self._inflight
+        return None if flight is None else flight[2]
 
     @property
     def error(self) -> P2PGenError | None:

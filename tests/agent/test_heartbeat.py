@@ -223,6 +223,45 @@ def test_a_hint_about_a_target_added_since_the_last_round_is_judged_without_a_fa
     assert "never heard from" in suspected[0][1] and "probed at once" in suspected[0][1]
 
 
+STALL_CONFIG = DetectorConfig(kind="phi", timeout=5.0, floor=1.5, stalled_floor=0.3, heartbeat_interval=0.1)
+
+
+def hold_port(addr: str) -> socket.socket:
+    """A socket on `addr` that never answers: a stopped agent's port (no refusal comes back)."""
+    host, _, port = addr.rpartition(":")
+    held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    held.bind((host, int(port)))
+    return held
+
+
+@pytest.mark.timeout(30)
+def test_a_stall_report_judges_the_silent_agent_it_names_from_the_stalled_floor_only():
+    """B and D are heard, then both fall silent with their ports held (stopped). The application reports a
+    stall naming B: B is suspected from the 0.3 s stalled floor, saying so, while D, as silent, waits for the
+    1.5 s floor."""
+    a_addr, b_addr, d_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(3))
+    suspected: dict[str, str] = {}
+    a = runner(a_addr, lambda: {b_addr, d_addr}, lambda peer, instance, why: suspected.setdefault(peer, why))
+    a.config = STALL_CONFIG
+    b, d = (runner(addr, lambda: {a_addr}, lambda *args: None) for addr in (b_addr, d_addr))
+    held: list[socket.socket] = []
+    try:
+        with running(a):
+            with running(b, d):
+                wait_for(lambda: {b_addr, d_addr} <= set(a.heard()))
+                time.sleep(1.0)                                  # a history of regular intervals
+            held += [hold_port(b_addr), hold_port(d_addr)]
+            a.stalled([b_addr], lease=5.0)
+            wait_for(lambda: b_addr in a.suspected(), timeout=5.0)
+            assert d_addr not in a.suspected()
+            wait_for(lambda: d_addr in a.suspected(), timeout=5.0)
+    finally:
+        for sock in held:
+            sock.close()
+    assert suspected[b_addr].endswith("(the job's collective waits for it)")
+    assert "phi" in suspected[d_addr] and "collective" not in suspected[d_addr]
+
+
 @pytest.mark.timeout(30)
 def test_a_hint_about_a_live_or_stopped_agent_reports_nothing():
     """A hint is not a suspicion: B, alive, is heard again (and counts no replay); C, stopped (its port held),

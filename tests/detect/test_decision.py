@@ -22,6 +22,7 @@ def configs(draw: st.DrawFn) -> DetectorConfig:
         phi_threshold=draw(st.floats(0.1, 20.0)),
         heartbeat_interval=draw(st.floats(0.01, 2.0)),
         window=draw(st.integers(2, 50)),
+        stalled_floor=draw(st.floats(0.01, 1.5)) * timeout,
     )
 
 
@@ -47,6 +48,45 @@ def test_never_suspects_a_peer_heard_within_the_floor(history, config, fraction)
         while now - last > config.floor:  # last + floor can round to a time just past the floor
             now = math.nextafter(now, -math.inf)
         assert peer not in suspects(now, history, config)
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), configs(), st.floats(0.0, 1.0), st.floats(0.0, 200.0))
+def test_a_stalled_job_judges_its_silent_peers_from_the_stalled_floor_and_the_others_as_before(
+        history, config, fraction, now):
+    """Under a stall: never within min(stalled_floor, floor), always past the timeout, monotone in time, and a
+    stalled peer is suspected no later than when not stalled; the peers not in `stalled` are judged as if no
+    stall were reported."""
+    stalled = frozenset(history.peers()[:1])
+    floor = min(config.stalled_floor, config.floor)
+    for peer in history.peers():
+        last = history.stats(peer).last
+        early = last + fraction * floor
+        while early - last > floor:
+            early = math.nextafter(early, -math.inf)
+        if peer in stalled:
+            assert peer not in suspects(early, history, config, stalled)
+            assert peer in suspects(last + config.timeout + 1e-3, history, config, stalled)
+    plain, under_stall = suspects(now, history, config), suspects(now, history, config, stalled)
+    assert set(plain) <= set(under_stall) and set(under_stall) - set(plain) <= stalled
+    assert {p: r for p, r in under_stall.items() if p not in stalled} == {p: r for p, r in plain.items()
+                                                                           if p not in stalled}
+    later = suspects(now + 0.5, history, config, stalled)
+    assert set(under_stall) <= set(later)
+
+
+def test_a_stall_lowers_the_floor_to_the_stalled_floor_and_says_why():
+    """Heartbeats every 0.1 s; floor 0.8 s, stalled floor 0.3 s: after 0.35 s of silence only the peer the
+    stalled collective waits for is suspected."""
+    config = DetectorConfig(kind="phi", timeout=1.5, floor=0.8, stalled_floor=0.3)
+    history = HeartbeatHistory(config.window)
+    for i in range(101):
+        history.record("a", i * 0.1)
+        history.record("b", i * 0.1)
+    assert suspects(10.35, history, config) == {}
+    found = suspects(10.35, history, config, frozenset({"a"}))
+    assert set(found) == {"a"} and found["a"].endswith("after 0.35 s (the job's collective waits for it)")
+    assert suspects(10.25, history, config, frozenset({"a"})) == {}
 
 
 @settings(max_examples=300, deadline=None)
