@@ -64,7 +64,7 @@ from p2pgen.core.agentmachine import (
     observe,
 )
 from p2pgen.core.heartbeats import acts_on_loss
-from p2pgen.core.leaving import Said, leave_plan, said_after_asking, said_without_quorum, shrink_plan
+from p2pgen.core.leaving import VOTERS_DOWN, Said, leave_plan, said_after_asking, said_without_quorum, shrink_plan
 from p2pgen.core.render import history_json, state_json
 from p2pgen.core.steward import Drain, drain_asked
 from p2pgen.detect import DetectorConfig
@@ -127,6 +127,8 @@ class AgentConfig:
     encrypt: bool = False                         # the application seals its links (--encrypt: $P2PGEN_ENCRYPT=1)
 
 
+LEAVE_VOTERS_WAIT_S = 10.0  # a leaving voter waits this long for down voters to be removed before its own goes
+LEAVE_VOTERS_POLL_S = 0.5
 LEAVE_SETTLE_S = 1.5       # a leaving agent waits this long for the job to finish (every member gone)
 
 
@@ -553,7 +555,8 @@ class Agent:
         self._events.put(("agent_lost", peer, instance, why))
         self.voters.poke()
         view = node.view() if proven and node is not None else None
-        if view is not None and view.leader is not None and control_addr_of(view.leader) == peer:
+        if view is not None and view.leader is not None and control_addr_of(view.leader) == peer and \
+                not self._leaving.is_set():          # a leaving agent would only hand the leadership over again
             node.hasten_election(view.leader)
 
     def _raft_link_lost(self, node_id: str) -> None:
@@ -647,14 +650,24 @@ class Agent:
                 if plan.await_app:
                     self._await_app_exit()
             view = self.node.wait_view(_job_finished, LEAVE_SETTLE_S) or self.node.view()
-            shrink = shrink_plan(_job_finished(view), view.voter, len(view.nodes), view.is_leader)
-            if shrink.said is not None:
-                _say(shrink.said)
-                return
-            if shrink.transfer_leadership:
-                self.node.transfer_leadership()
-                self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
-            if shrink.remove_voter:
+            deadline = time.monotonic() + LEAVE_VOTERS_WAIT_S
+            while True:
+                shrink = shrink_plan(_job_finished(view), view.voter, len(view.nodes), view.is_leader,
+                                     len(self._live_other_voters(view)))
+                if shrink.said is not None:
+                    _say(shrink.said)
+                    return
+                if shrink.transfer_leadership:
+                    self.node.transfer_leadership()
+                    self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
+                if not shrink.wait_for_voters or time.monotonic() >= deadline:
+                    break
+                nodes = view.nodes           # the leader removes the down voter meanwhile (this node acks)
+                view = self.node.wait_view(lambda v: v.nodes != nodes, LEAVE_VOTERS_POLL_S) or self.node.view()
+            if shrink.wait_for_voters:
+                down = sorted(set(view.nodes) - {view.node_id} - set(self._live_other_voters(view)))
+                _say(VOTERS_DOWN, f"voter(s) {', '.join(down)} still down after {LEAVE_VOTERS_WAIT_S:.0f} s")
+            elif shrink.remove_voter:
                 self.node.remove_node(view.node_id, timeout=3.0)
         except RaftUnavailable as e:
             others_heard = bool(set(self.heartbeats.heard()) - {self.addr})
@@ -662,6 +675,11 @@ class Agent:
             if said is None:
                 said = said_after_asking(self.membership.confirm_not_voter(self._known_agents(self.node.view())))
             _say(said, e)
+
+    def _live_other_voters(self, view: RaftView) -> list[str]:
+        """The voters other than this agent's whose agents its heartbeats hear."""
+        heard = set(self.heartbeats.heard())
+        return [n for n in view.nodes if n != view.node_id and control_addr_of(n) in heard]
 
     def _await_app_exit(self) -> None:
         """A drained application exits by itself: wait for it until the drain's deadline, then stop it."""

@@ -6,6 +6,10 @@ heard, what a live member answers) and logs the sentence chosen here. Invariants
 - the leave of a registered member is recorded before the Raft voter goes, so the others go on at once;
 - a node that leads hands leadership over before it removes its own voter, and the last voter never removes
   itself;
+- a voter never removes itself while the voters left after it would lack a live majority (another voter is down):
+  Raft applies a configuration change when it is appended, so the job would then need the down voter to commit
+  anything, its removal included. It waits instead (bounded), its node still acking, while the leader removes
+  the down one; one that hears no other voter tries the removal, and its failure is what it says;
 - a job every member of which has left records nothing more (the agents leaving last would wait in vain for a
   quorum of agents already gone).
 """
@@ -15,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "CONFIRMED_OUT", "FINISHED", "FINISHED_MEANWHILE", "LEFT_LAST", "NO_QUORUM", "LeavePlan", "Said", "Shrink",
+    "CONFIRMED_OUT", "FINISHED", "FINISHED_MEANWHILE", "LEFT_LAST", "NO_QUORUM", "VOTERS_DOWN", "LeavePlan", "Said",
+    "Shrink",
     "leave_plan", "said_after_asking", "said_without_quorum", "shrink_plan",
 ]
 
@@ -45,6 +50,7 @@ class Shrink:
 
     transfer_leadership: bool = False
     remove_voter: bool = False
+    wait_for_voters: bool = False   # not yet: the voters left after this one would lack a live majority
     said: Said | None = None
 
 
@@ -53,6 +59,8 @@ FINISHED_MEANWHILE = Said("info", "left: every member of the job has left meanwh
 LEFT_LAST = Said("info", "left last: no other agent is heard any more, so no quorum is left to record it (%s)")
 CONFIRMED_OUT = Said("info", "left: a live member confirms this agent's voter is out of the Raft configuration (a "
                              "removed node never hears the commit of its own removal: %s)")
+VOTERS_DOWN = Said("warning", "left without removing this agent's Raft voter: %s; removing it would leave the job "
+                              "a configuration without a live majority, so it waits for them (or `p2pgen recover`)")
 NO_QUORUM = Said("warning", "left without a Raft quorum to record it (%s): the others will detect this agent's "
                             "absence and replace it as a voter; nothing to do unless no agent is left running")
 
@@ -71,7 +79,7 @@ def leave_plan(has_app: bool, app_stopping: bool, has_node: bool, registered: bo
                      await_app=has_node and has_app and app_stopping)
 
 
-def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool) -> Shrink:
+def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool, live_others: int) -> Shrink:
     """The Raft steps after the leave is recorded.
 
     Args:
@@ -79,11 +87,14 @@ def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool) -> Shrink
         voter: this agent's node is a voter.
         nodes: the voters in the configuration.
         leader: this agent's node leads.
+        live_others: the other voters whose agents are heard.
     """
     if finished:
         return Shrink(said=FINISHED)
     if not voter or nodes <= 1:
         return Shrink()
+    if 0 < live_others < (nodes - 1) // 2 + 1:     # none heard: the removal is tried and its failure said
+        return Shrink(transfer_leadership=leader, wait_for_voters=True)
     return Shrink(transfer_leadership=leader, remove_voter=True)
 
 

@@ -5,6 +5,8 @@ test_drain.py)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2pgen.core.leaving import (
     CONFIRMED_OUT,
@@ -34,16 +36,32 @@ def test_the_leave_is_recorded_before_the_voter_goes(has_app: bool, app_stopping
     assert leave_plan(has_app, app_stopping, has_node, registered) == plan
 
 
-@pytest.mark.parametrize(("finished", "voter", "nodes", "leader", "shrink"), [
-    (True, True, 3, True, Shrink(said=FINISHED)),
-    (False, True, 3, True, Shrink(transfer_leadership=True, remove_voter=True)),
-    (False, True, 3, False, Shrink(remove_voter=True)),
-    (False, True, 1, True, Shrink()),       # the last voter stays
-    (False, False, 3, False, Shrink()),     # a non-voting member has no voter to remove
+@pytest.mark.parametrize(("finished", "voter", "nodes", "leader", "live_others", "shrink"), [
+    (True, True, 3, True, 2, Shrink(said=FINISHED)),
+    (False, True, 3, True, 2, Shrink(transfer_leadership=True, remove_voter=True)),
+    (False, True, 3, False, 2, Shrink(remove_voter=True)),
+    (False, True, 1, True, 0, Shrink()),       # the last voter stays
+    (False, False, 3, False, 2, Shrink()),     # a non-voting member has no voter to remove
+    (False, True, 3, False, 1, Shrink(wait_for_voters=True)),       # {p, down, live}: {down, live} could not commit
+    (False, True, 3, True, 1, Shrink(transfer_leadership=True, wait_for_voters=True)),
+    (False, True, 5, False, 2, Shrink(wait_for_voters=True)),       # 2 of the 4 left: no majority
+    (False, True, 5, False, 3, Shrink(remove_voter=True)),
+    (False, True, 2, False, 1, Shrink(remove_voter=True)),          # the one left is a majority of one
+    (False, True, 3, False, 0, Shrink(remove_voter=True)),          # hears none: tried, its failure said
 ])
-def test_a_leader_hands_leadership_over_before_it_removes_its_voter(finished: bool, voter: bool, nodes: int,
-                                                                    leader: bool, shrink: Shrink):
-    assert shrink_plan(finished, voter, nodes, leader) == shrink
+def test_a_voter_goes_only_when_the_voters_left_keep_a_live_majority(finished: bool, voter: bool, nodes: int,
+                                                                     leader: bool, live_others: int, shrink: Shrink):
+    assert shrink_plan(finished, voter, nodes, leader, live_others) == shrink
+
+
+@given(st.integers(1, 9), st.data())
+def test_a_removal_planned_never_leaves_fewer_live_voters_than_a_majority(nodes: int, data):
+    """Whenever some other voter is heard and the plan removes this one, the live others are a majority of the
+    configuration left."""
+    live_others = data.draw(st.integers(1, nodes - 1)) if nodes > 1 else 0
+    shrink = shrink_plan(False, True, nodes, data.draw(st.booleans()), live_others)
+    if shrink.remove_voter and live_others:
+        assert live_others > (nodes - 1) // 2
 
 
 @pytest.mark.parametrize(("finished", "others_heard", "recorded", "said"), [
