@@ -916,6 +916,8 @@ class Peer:
         """What the stall reporter reads: the running generation, when its operation in flight began, and the
         bytes its links received (None before the first generation and on a backend that cannot tell: nccl)."""
         backend = self._backend
+        if backend is None:
+            return None
         activity = getattr(backend, "activity", None)
         seen = activity() if activity is not None else None
         return None if seen is None else (backend.generation, *seen)
