@@ -604,8 +604,10 @@ class Agent:
         copy_ = self.config.state.describe_local(self.config.job, peer, self.addr) if with_copy else None
         if copy_ is not None and copy_.revision <= 0:
             copy_ = None
-        kept = {"kept_revision": copy_.revision, "kept_digest": copy_.digest, "kept_lineage": copy_.generation} \
-            if copy_ is not None else {}
+        unsaved = self.config.state.unsaved_commits(self.config.job, peer, self.addr, copy_) if copy_ else None
+        committed, committed_lineage = unsaved if unsaved is not None else (-1, 0)
+        kept = {"kept_revision": copy_.revision, "kept_digest": copy_.digest, "kept_lineage": copy_.generation,
+                "kept_committed": committed, "kept_committed_lineage": committed_lineage} if copy_ is not None else {}
         outcome = self._submit(Suspect(peer, peer, incarnation, why, at=time.time(), **kept),
                                f"report {peer}#{incarnation}")
         if outcome is None:
@@ -615,7 +617,8 @@ class Agent:
             log.info("%s#%d left a local copy of revision %d", peer, incarnation, copy_.revision)
         elif copy_ is not None:
             outcome = self._submit(Kept(peer, incarnation, copy_.revision, copy_.digest, copy_.generation,
-                                        at=time.time()), f"report the local copy of {peer}#{incarnation}")
+                                        at=time.time(), committed=committed, committed_lineage=committed_lineage),
+                                   f"report the local copy of {peer}#{incarnation}")
             if outcome is not None:
                 log.info("%s", outcome.reason)
 

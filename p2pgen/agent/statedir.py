@@ -81,6 +81,14 @@ class StateDirConfig:
         except (OSError, ValueError, KeyError):
             return None
 
+    def unsaved_commits(self, job: str, peer_id: str, listen: str, copy_: CopyInfo) -> tuple[int, int] | None:
+        """(revision, generation) the dead application had committed above `copy_` (its mark), when its saves
+        had not caught up; None otherwise."""
+        folder = self.local_folder(job, peer_id, listen)
+        if not self.local or not os.path.isdir(folder):
+            return None
+        return LocalCopy(folder, job, peer_id).unsaved_commits(copy_)
+
     def remove_local(self, job: str, peer_id: str, listen: str) -> None:
         """The peer left the job: its local copy is of no further use."""
         if self.local:

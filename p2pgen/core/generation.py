@@ -261,9 +261,10 @@ class GenerationMachine:
             return Outcome.refused("suspect: empty reporter")
         if cmd.kept_revision >= 0 and cmd.reporter != cmd.peer_id:
             return Outcome.refused(f"suspect: only {cmd.peer_id}'s own agent can report the local copy it kept")
-        if cmd.kept_revision < -1 or cmd.kept_lineage < 0:
-            return Outcome.refused("suspect: kept_revision must be >= -1 and kept_lineage >= 0")
-        own_copy = (Kept(cmd.peer_id, cmd.incarnation, cmd.kept_revision, cmd.kept_digest, cmd.kept_lineage, cmd.at)
+        if min(cmd.kept_revision, cmd.kept_committed) < -1 or min(cmd.kept_lineage, cmd.kept_committed_lineage) < 0:
+            return Outcome.refused("suspect: kept_revision and kept_committed must be >= -1, their lineages >= 0")
+        own_copy = (Kept(cmd.peer_id, cmd.incarnation, cmd.kept_revision, cmd.kept_digest, cmd.kept_lineage, cmd.at,
+                         committed=cmd.kept_committed, committed_lineage=cmd.kept_committed_lineage)
                     if cmd.kept_revision >= 0 else None)
         last_holder = (self._last_holder_note(cmd.peer_id, cmd.incarnation, cmd.at)
                        if cmd.reporter != cmd.peer_id else None)   # its own agent reports what it kept
@@ -359,6 +360,8 @@ class GenerationMachine:
                                    f"got {cmd.quiescence!r}")
         if cmd.revision < 0 or cmd.collective_seq < 0 or cmd.epoch < 0 or cmd.ckpt_epoch < 0:
             return Outcome.refused("ready: revision, collective_seq and epochs must be >= 0")
+        if cmd.committed < -1 or cmd.committed_lineage < 0:
+            return Outcome.refused("ready: committed must be >= -1 and committed_lineage >= 0")
         proposal = self._open_proposal()
         checkpoint = (CheckpointRef(cmd.ckpt_revision, cmd.ckpt_digest, cmd.ckpt_epoch)
                       if cmd.ckpt_revision >= 0 and cmd.ckpt_digest else None)
@@ -366,7 +369,7 @@ class GenerationMachine:
         if refusal:
             return Outcome.refused(refusal)
         vote = ReadyVote(cmd.quiescence, cmd.revision, cmd.digest, cmd.collective_seq, cmd.comm_id, cmd.epoch,
-                         checkpoint, shards)
+                         checkpoint, shards, cmd.committed, cmd.committed_lineage)
         behind = self.left_behind(cmd.lineage, cmd.revision)
         if behind is not None:            # it holds nothing the job can resume from: it must pull
             vote = ReadyVote(cmd.quiescence, 0, "", cmd.collective_seq, cmd.comm_id, 0, checkpoint)
@@ -429,7 +432,7 @@ class GenerationMachine:
     def _election(self) -> Election:
         p = self._open_proposal()
         last = self.active.frontier if self.active else None
-        election = elect_frontier(p.members, p.votes, last)
+        election = self._with_lost_commits(elect_frontier(p.members, p.votes, last))
         if not self.layout:
             return election
         previous = {(o, i): w for o, i, w in self.active.ownership} if self.active else {}
@@ -445,9 +448,26 @@ class GenerationMachine:
                              self.layout)
         regressed = lower.regressed_from if lower.regressed_from is not None else (
             election.frontier.revision if lower.frontier.revision < election.frontier.revision else None)
-        return dataclasses.replace(lower, regressed_from=regressed, lost_shards=sharded.lost_shards,
-                                   reason=f"every owner of shard(s) {lost} at revision {election.frontier.revision} "
-                                          f"is gone; {lower.reason}")
+        return self._with_lost_commits(dataclasses.replace(
+            lower, regressed_from=regressed, lost_shards=sharded.lost_shards,
+            reason=f"every owner of shard(s) {lost} at revision {election.frontier.revision} is gone; {lower.reason}"))
+
+    def _with_lost_commits(self, election: Election) -> Election:
+        """Say which committed steps a frontier gives up beyond the certified revision: the highest revision known
+        committed on the job's history (a voter's previous incarnation whose local copy lagged its commits, a
+        dead incarnation's copy or commits) above the frontier. Not waited for (the kept-copy and certified rules
+        decide the waits); said, so that no committed revision is lost silently."""
+        proposal = self._open_proposal()
+        known = [(v.committed, v.committed_lineage) for v in proposal.votes.values()]
+        known += [(k.committed, k.committed_lineage) for k in self.kept.values()]
+        known += [(k.revision, k.lineage) for k in self.kept.values()]
+        floor = max((r for r, lineage in known if r > election.frontier.revision
+                     and self.left_behind(lineage, r) is None), default=None)
+        if floor is None or (election.regressed_from is not None and floor <= election.regressed_from):
+            return election
+        return dataclasses.replace(election, lost_committed=floor, reason=(
+            f"{election.reason}; STEPS LOST: revisions {election.frontier.revision + 1}..{floor} were committed "
+            f"and no member, local copy or checkpoint holds them"))
 
     def _elect(self, election: Election, at: float, position: LogPosition, effects: list[Effect]) -> None:
         """Every member voted: elect, or hold the proposal if its frontier would regress and may not yet."""
@@ -512,8 +532,8 @@ class GenerationMachine:
         last = self.last_incarnation.get(cmd.peer_id)
         if last is None or cmd.incarnation > last:
             return Outcome.refused(f"kept: {cmd.peer_id}#{cmd.incarnation} was never registered")
-        if cmd.revision < 0 or cmd.lineage < 0:
-            return Outcome.refused("kept: revision and lineage must be >= 0")
+        if cmd.revision < 0 or cmd.lineage < 0 or cmd.committed < -1 or cmd.committed_lineage < 0:
+            return Outcome.refused("kept: revision and lineage must be >= 0, committed >= -1")
         if self.is_current(cmd.peer_id, cmd.incarnation):
             return Outcome.refused(f"kept: {cmd.peer_id}#{cmd.incarnation} is still a member: its vote says what "
                                    "it holds")
@@ -645,7 +665,7 @@ class GenerationMachine:
             return
         parent = self.active
         self.resumes.append((proposal.generation, election.frontier.revision))
-        if election.regressed_from is not None:
+        if election.lost_from() is not None:
             self.state_epoch += 1
             self.forks += ((self.state_epoch, election.frontier.revision),)
         recovery = self._recovery_note(election, at)
@@ -665,7 +685,7 @@ class GenerationMachine:
             owners=election.holders, ownership_version=self.ownership_version,
             collective_seq_frontier=max(v.collective_seq for v in proposal.votes.values()),
             comm_id=proposal.votes[proposal.members[0].peer_id].comm_id,
-            divergence=election.divergence, regressed_from=election.regressed_from,
+            divergence=election.divergence, regressed_from=election.lost_from(),
             proposed_at=proposal.opened_at, activated_at=at, raft_term=position.term, raft_index=position.index,
             state_epoch=self.state_epoch, frontier_source=election.source, recovery=recovery,
             raft_epoch=self.raft_epoch, reformed=self.reform_note,
@@ -683,12 +703,18 @@ class GenerationMachine:
         """The loud line a certificate carries when its frontier regressed or came from a checkpoint."""
         frontier = election.frontier
         source = "a checkpoint" if election.source == "checkpoint" else "the members' own state"
-        if election.regressed_from is None:
+        lost = election.lost_from()
+        if lost is None:
             return f"resumed from {source} at revision {frontier.revision}" if election.source == "checkpoint" else ""
+        if election.regressed_from is None:
+            return (f"REGRESSED from committed revision {lost} to revision {frontier.revision} "
+                    f"({lost - frontier.revision} committed step(s) lost: their only holders died before their local "
+                    f"copies were saved), from {source}; new state epoch {self.state_epoch}")
         waited = f"{at - self.hold_since:.1f} s" if self.hold_since is not None else "0 s"
-        return (f"REGRESSED from certified revision {election.regressed_from} to revision {frontier.revision} "
-                f"({election.regressed_from - frontier.revision} committed step(s) lost), from {source}, after "
-                f"waiting {waited} for a holder, a local copy or a checkpoint; new state epoch {self.state_epoch}")
+        above = f" (committed up to revision {lost})" if lost > election.regressed_from else ""
+        return (f"REGRESSED from certified revision {election.regressed_from}{above} to revision {frontier.revision} "
+                f"({lost - frontier.revision} committed step(s) lost), from {source}, after waiting {waited} for a "
+                f"holder, a local copy or a checkpoint; new state epoch {self.state_epoch}")
 
     def _tombstone_reason(self, member: Member) -> str:
         for stone in reversed(self.tombstones):

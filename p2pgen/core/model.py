@@ -74,6 +74,8 @@ class ReadyVote:
     epoch: int = 0                            # state epoch of (revision, digest); 0: not said (the current one)
     checkpoint: CheckpointRef | None = None   # the newest checkpoint this member can load, if any
     shards: tuple[tuple[str, int, str], ...] = ()   # (object id, shard index, digest) held at `revision`
+    committed: int = -1                       # the revision its previous incarnation had committed, above
+    committed_lineage: int = 0                # `revision` (its copy lagged; -1: none), and in which generation
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,13 @@ class Election:
     shard_pulls: tuple[ShardPull, ...] = ()
     objects: tuple[ObjectRecord, ...] = ()
     lost_shards: tuple[tuple[str, int], ...] = ()   # shards no live member held at the frontier (they forced it down)
+    lost_committed: int | None = None  # a revision known committed on the job's history above the frontier and above
+    #                                    `regressed_from`, which no member holds: said, not waited for
+
+    def lost_from(self) -> int | None:
+        """The highest committed revision this frontier is below (certified or only known committed), if any."""
+        lost = [r for r in (self.regressed_from, self.lost_committed) if r is not None]
+        return max(lost, default=None)
 
 
 @dataclass(frozen=True)
@@ -334,6 +343,8 @@ class Suspect:
     kept_revision: int = -1    # -1: nothing kept, or not reported here
     kept_digest: str = ""
     kept_lineage: int = 0
+    kept_committed: int = -1   # the revision the dead process had committed, above its copy's (-1: none or not)
+    kept_committed_lineage: int = 0   # the generation it committed that revision in
 
 
 @dataclass(frozen=True)
@@ -370,6 +381,8 @@ class Ready:
     lineage: int = 0           # the generation the state belongs to (last activated or committed in); 0: not said
     layout: str = ""           # sharded objects declared (core.ownership.layout_text); the same on every member
     shards: str = ""           # shards held at `revision` and their digests (core.ownership.shards_text)
+    committed: int = -1        # the revision the incarnation whose local copy it restored had committed, when
+    committed_lineage: int = 0  # above `revision` (that copy lagged; -1: none), and the generation it was in
 
 
 @dataclass(frozen=True)
@@ -411,6 +424,8 @@ class Kept:
     lineage: int
     at: float = 0.0
     exact: bool = True
+    committed: int = -1        # the revision the dead incarnation had committed above `revision` (-1: none)
+    committed_lineage: int = 0  # the generation it committed that revision in
 
 
 @dataclass(frozen=True)

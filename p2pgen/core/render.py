@@ -52,6 +52,8 @@ def render_election(e: Election) -> str:
         text += " divergence=" + ",".join(f"{p}:{d or '-'}" for p, d in e.divergence)
     if e.regressed_from is not None:
         text += f" regressed_from=r{e.regressed_from}"
+    if e.lost_committed is not None:
+        text += f" lost_committed=r{e.lost_committed}"
     if e.ownership:
         moves = " ".join(render_shard_pull(sp) for sp in e.shard_pulls) or "none"
         text += f" shard_moves={moves}"

@@ -108,6 +108,7 @@ class StateKeeper:
         self.writer = BackgroundWriter(self.local) if self.local is not None else None
         self.stager = stager_for(list(state.tensors.values())) if self.local is not None else None
         self.snapshotted = 0           # revision of the last snapshot taken (saved, or being saved)
+        self.unsaved: tuple[int, int] | None = None   # restored: (revision, generation) committed above the copy
         self.skipped: dict[str, int] = {}   # commits that took no snapshot, by the policy's reason
         self._step_s = 0.0             # mean seconds per step lately, snapshots excluded
         self._snapshot_s = 0.0         # seconds the last snapshot blocked its step
@@ -170,11 +171,12 @@ class StateKeeper:
         line = (f"resumed from the local copy of revision {done.info.revision} (digest {done.info.digest}, "
                 f"saved by incarnation {done.info.incarnation} in generation {done.info.generation}; "
                 f"{done.info.nbytes / 1e6:.1f} MB verified and loaded in {done.seconds * 1e3:.0f} ms)")
-        mark = self.local.committed_mark()
-        if mark and mark.get("instance") == self.instance and int(mark.get("revision", 0)) > done.info.revision:
-            line += (f"; incarnation {mark.get('incarnation')} had committed up to revision {mark['revision']}, "
-                     f"whose saves had not finished: revisions {done.info.revision + 1}..{mark['revision']} come "
-                     "from a member that holds them, or are done again")
+        self.unsaved = self.local.unsaved_commits(done.info)
+        if self.unsaved is not None:
+            line += (f"; this peer had committed up to revision {self.unsaved[0]} (generation {self.unsaved[1]}), "
+                     f"whose saves had not finished: revisions {done.info.revision + 1}.."
+                     f"{self.unsaved[0]} come from a member that holds them, or are done again (and the job says "
+                     "so: regressed_from)")
         log.warning("%s", line)
         return True, line
 
@@ -184,6 +186,8 @@ class StateKeeper:
         self.instance = view.instance
         self.settle()
         fields: dict[str, Any] = {"epoch": self.epoch}
+        if self.unsaved is not None:
+            fields.update(committed=self.unsaved[0], committed_lineage=self.unsaved[1])
         best = self._best_checkpoint(view)
         if best is not None:
             info, epoch = best
@@ -213,6 +217,7 @@ class StateKeeper:
         """The state now belongs to `active`: note its epoch; if it changed, save the local copy before the
         generation's first step (whole, not in the background: the copy then holds the certified revision)."""
         self.epoch = active.state_epoch
+        self.unsaved = None                 # said in this generation's election: its own mark replaces it
         if self.writer is None:
             return
         self.settle()
@@ -220,7 +225,7 @@ class StateKeeper:
             if self._snapshot(active):
                 self.settle()
         if self.writer is not None:
-            self._mark(self.state.revision)
+            self._mark(self.state.revision, active.generation)
         self._last_commit = 0.0
 
     def committed(self, active: ActiveGeneration, rank: int) -> None:
@@ -277,7 +282,7 @@ class StateKeeper:
     def _commit_local(self, active: ActiveGeneration) -> None:
         """Mark the commit, measure the step, and take a snapshot if the save policy says so."""
         revision, now = self.state.revision, time.monotonic()
-        self._mark(revision)
+        self._mark(revision, active.generation)
         if self.writer is None:             # the mark could not be written: the copy is off now
             return
         if self._last_commit:
@@ -318,9 +323,9 @@ class StateKeeper:
             for name, blocks in snap.blocks.items():
                 self.state._remember(name, snap.keys.get(name), blocks)
 
-    def _mark(self, revision: int) -> None:
+    def _mark(self, revision: int, generation: int) -> None:
         try:
-            self.local.mark_committed(revision, self.instance, self.identity[1])
+            self.local.mark_committed(revision, self.instance, self.identity[1], generation)
         except OSError as e:
             self._stop_local(revision, e)
 

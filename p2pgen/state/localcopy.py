@@ -85,6 +85,7 @@ class CopyInfo:
     generation: int
     incarnation: int
     nbytes: int
+    instance: str = ""                   # the run of the job it belongs to
 
 
 @dataclass
@@ -214,12 +215,14 @@ class LocalCopy:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._slot(free))
 
-    def mark_committed(self, revision: int, instance: str, incarnation: int) -> None:
-        """Record the revision this incarnation last committed (one small write), so that its next incarnation
-        can say which committed revisions its copy does not hold (the background save had not finished)."""
+    def mark_committed(self, revision: int, instance: str, incarnation: int, generation: int) -> None:
+        """Record the revision this incarnation last committed and the generation it committed it in (one small
+        write, before the commit returns), so that its next incarnation, and its agent, can say which committed
+        revisions the copy does not hold (the background save had not finished)."""
         if self._mark_fd is None:
             self._mark_fd = os.open(os.path.join(self.folder, MARK), os.O_RDWR | os.O_CREAT, 0o600)
-        record = json.dumps({"revision": revision, "instance": instance, "incarnation": incarnation}).encode()
+        record = json.dumps({"revision": revision, "instance": instance, "incarnation": incarnation,
+                             "generation": generation}).encode()
         os.pwrite(self._mark_fd, record.ljust(MARK_BYTES), 0)
 
     def committed_mark(self) -> dict[str, Any] | None:
@@ -229,6 +232,18 @@ class LocalCopy:
                 return json.loads(f.read(MARK_BYTES).strip() or b"null")
         except (OSError, ValueError):
             return None
+
+    def unsaved_commits(self, info: CopyInfo) -> tuple[int, int] | None:
+        """(revision, generation) the incarnation that wrote the mark had committed above the copy `info`
+        describes, when its saves had not caught up (None: the copy holds everything the mark names)."""
+        mark = self.committed_mark()
+        if not isinstance(mark, dict) or not info.instance or mark.get("instance") != info.instance:
+            return None
+        try:
+            revision, generation = int(mark.get("revision", -1)), int(mark.get("generation", info.generation))
+        except (TypeError, ValueError):
+            return None
+        return (revision, generation) if revision > info.revision else None
 
     def close(self) -> None:
         """Unmap the slots and close the mark (the files stay: they are the copy)."""
@@ -358,7 +373,8 @@ class LocalCopy:
 
 def _info(pointer: dict[str, Any]) -> CopyInfo:
     return CopyInfo(int(pointer["revision"]), str(pointer["digest"]), int(pointer["epoch"]),
-                    int(pointer["generation"]), int(pointer["incarnation"]), int(pointer["nbytes"]))
+                    int(pointer["generation"]), int(pointer["incarnation"]), int(pointer["nbytes"]),
+                    str(pointer.get("instance", "")))
 
 
 def _layout(state: SharedState, raw_objects: bytes) -> tuple[list, list, list, int]:

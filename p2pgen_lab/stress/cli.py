@@ -200,7 +200,9 @@ def render(report: Any, args: argparse.Namespace) -> str:
     if report.goodput is not None:
         lines += render_goodput(report.goodput)
     lines.append(report.checker.render())
-    lines.append("regressions: " + ("none" if not v.regressions else ""))
+    silent = sum(r["regressed_from"] is None for r in v.regressions)
+    lines.append("regressions: " + (f"{len(v.regressions)}, {silent} not declared by the certificate"
+                                    if v.regressions else "none"))
     lines += [f"  generation {r['generation']} activated at revision {r['revision']} after revision "
               f"{r['highest_committed']} was committed: {r['steps_lost']} step(s) lost"
               + (f" (certificate: regressed from {r['regressed_from']})" if r["regressed_from"] is not None else "")

@@ -140,8 +140,9 @@ def naive_checkpoint(members: list[Member], votes: dict[str, ReadyVote], live_to
 
 
 def same_election(fast: Election, naive: Election) -> bool:
-    return (fast.frontier, fast.holders, fast.pulls, fast.divergence, fast.regressed_from, fast.source) == (
-        naive.frontier, naive.holders, naive.pulls, naive.divergence, naive.regressed_from, naive.source)
+    return (fast.frontier, fast.holders, fast.pulls, fast.divergence, fast.regressed_from, fast.source,
+            fast.lost_committed) == (naive.frontier, naive.holders, naive.pulls, naive.divergence,
+                                     naive.regressed_from, naive.source, naive.lost_committed)
 
 
 def fingerprint(m: GenerationMachine) -> tuple:
@@ -166,7 +167,8 @@ def vote_of(command: Ready, resumes: list[tuple[int, int]]) -> ReadyVote:
     if command.lineage > 0 and any(g > command.lineage and f < command.revision for g, f in resumes):
         return ReadyVote(command.quiescence, 0, "", command.collective_seq, command.comm_id, 0, checkpoint)
     return ReadyVote(command.quiescence, command.revision, command.digest, command.collective_seq,
-                     command.comm_id, command.epoch, checkpoint)
+                     command.comm_id, command.epoch, checkpoint, committed=command.committed,
+                     committed_lineage=command.committed_lineage)
 
 
 # --- the stateful test -----------------------------------------------------------------------------
@@ -360,8 +362,14 @@ class GenerationProtocol(RuleBasedStateMachine):
         votes = self.votes.get(g, {})
         members = list(self.proposed[g])
         assert sorted(votes) == sorted(m.peer_id for m in members), "elected or held before every member voted"
-        return naive_elect(members, {p: v for p, (_, v) in votes.items()},
-                           self.active_cert.frontier if self.active_cert else None)
+        naive = naive_elect(members, {p: v for p, (_, v) in votes.items()},
+                            self.active_cert.frontier if self.active_cert else None)
+        # steps a voter's previous incarnation committed above its copy, on the history: a loss said, not waited for
+        marks = [v.committed for _, v in votes.values() if v.committed > naive.frontier.revision
+                 and not any(g2 > v.committed_lineage > 0 and f < v.committed for g2, f in self.resumes)]
+        if marks and (naive.regressed_from is None or max(marks) > naive.regressed_from):
+            naive = dataclasses.replace(naive, lost_committed=max(marks))
+        return naive
 
     def on_branch(self, epoch: int, revision: int) -> bool:
         """The test's own rule: a state of `epoch` at `revision` is on the current branch."""
@@ -403,10 +411,17 @@ class GenerationProtocol(RuleBasedStateMachine):
         # or as a checkpoint), and only after the wait (checked when elected); it opens a new state epoch
         epoch = parent.state_epoch if parent else 1
         if parent is not None and cert.frontier.revision < parent.frontier.revision:
-            assert cert.regressed_from == parent.frontier.revision
+            assert cert.regressed_from == max(parent.frontier.revision, election.lost_committed or 0)
             assert all(v.revision < parent.frontier.revision for v in stateful)
             assert all(v.checkpoint is None or v.checkpoint.revision < parent.frontier.revision
                        for _, v in votes.values())
+            assert cert.state_epoch == epoch + 1 and "REGRESSED" in cert.recovery
+            self.forks.append((cert.state_epoch, cert.frontier.revision))
+        elif election.lost_committed is not None:
+            # committed steps above the certified revision that no voter holds: said, a new branch
+            event("activation below steps known committed")
+            assert cert.regressed_from == election.lost_committed > cert.frontier.revision
+            assert all(v.revision < election.lost_committed for v in stateful)
             assert cert.state_epoch == epoch + 1 and "REGRESSED" in cert.recovery
             self.forks.append((cert.state_epoch, cert.frontier.revision))
         else:
@@ -491,6 +506,9 @@ class GenerationProtocol(RuleBasedStateMachine):
         fields = {"epoch": data.draw(st.sampled_from(epochs)),
                   "lineage": data.draw(st.sampled_from((0, self.m.active_generation,
                                                         max(0, self.m.active_generation - 2))))}
+        if data.draw(st.integers(0, 3)) == 0:      # its previous incarnation committed more than its copy holds
+            fields.update(committed=revision + data.draw(st.integers(1, 3)),
+                          committed_lineage=data.draw(st.sampled_from((fields["lineage"], self.m.active_generation))))
         if data.draw(st.integers(0, 3)) == 0:
             ckpt = max(0, base + data.draw(st.integers(-2, 2)))
             fields.update(ckpt_revision=ckpt, ckpt_digest=data.draw(st.sampled_from((f"c{ckpt}", f"c{ckpt}", "k"))),

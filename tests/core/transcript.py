@@ -17,14 +17,15 @@ Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one in
     configure MIN_MEMBERS [wait=S] [fresh=0|1]       (regress_wait, allow_fresh_start)
     register PEER INC [zone=ZONE] [NAME=HOST:PORT ...]
     links FROM_HOST HOST=MBITS ...                  (an agent's measured bandwidths)
-    suspect reporter=R PEER INC reason="..."
+    suspect reporter=R PEER INC reason="..." [kept=REV:DIGEST:LINEAGE[:COMMITTED:COMMITTED_LINEAGE]]
     leave PEER INC
     reform GEN PEER INC "reason"                   (or reason="...")
     ready GEN PEER INC QUIESCENCE r=REV digest=D [seq=N] [epoch=E] [ckpt=REV:DIGEST[:EPOCH]] [lineage=G]
                      [layout=ID:LENGTH:SHARDS:ITEMSIZE:R;...] [shards=ID:INDEX:DIGEST,...]
+                     [committed=REV:G]   (what the restored copy's previous incarnation had committed)
     synced GEN PEER INC digest=D [shards=ID:INDEX:DIGEST,...]
     fallback GEN PEER INC
-    kept PEER INC r=REV digest=D lineage=G            (the local copy a dead incarnation left)
+    kept PEER INC r=REV digest=D lineage=G [committed=REV:G]   (the local copy a dead incarnation left)
 
 Every command also takes `at=T` (the command's time; it holds for later commands until the next `at=`,
 starting at 0) and `term=T` / `index=I` (its Raft log position). The interpreter numbers commands like a log:
@@ -213,8 +214,10 @@ class Interpreter:
         if name == "suspect":
             peer, inc = pos
             kept = kw.pop("kept").split(":") if "kept" in kw else ["-1", "", "0"]    # revision:digest:lineage
+            committed = kept[3:5] if len(kept) > 3 else ["-1", "0"]
             return Suspect(kw.pop("reporter"), peer, int(inc), kw.pop("reason", ""), at=at, kept_revision=int(kept[0]),
-                           kept_digest=kept[1], kept_lineage=int(kept[2]))
+                           kept_digest=kept[1], kept_lineage=int(kept[2]), kept_committed=int(committed[0]),
+                           kept_committed_lineage=int(committed[1]))
         if name == "leave":
             peer, inc = pos
             return Leave(peer, int(inc), at=at)
@@ -225,13 +228,17 @@ class Interpreter:
         if name == "ready":
             gen, peer, inc, quiescence = pos
             ckpt = kw.pop("ckpt", "").split(":") if "ckpt" in kw else ["-1", ""]
+            committed = kw.pop("committed", "-1:0").split(":")
             return Ready(int(gen), peer, int(inc), quiescence, int(kw.pop("r")), kw.pop("digest", ""),
                          int(kw.pop("seq", 0)), at=at, epoch=int(kw.pop("epoch", 0)), ckpt_revision=int(ckpt[0]),
                          ckpt_digest=ckpt[1], ckpt_epoch=int(ckpt[2]) if len(ckpt) > 2 else 0,
-                         lineage=int(kw.pop("lineage", 0)), layout=kw.pop("layout", ""), shards=kw.pop("shards", ""))
+                         lineage=int(kw.pop("lineage", 0)), layout=kw.pop("layout", ""), shards=kw.pop("shards", ""),
+                         committed=int(committed[0]), committed_lineage=int(committed[1]))
         if name == "kept":
             peer, inc = pos
-            return Kept(peer, int(inc), int(kw.pop("r")), kw.pop("digest", ""), int(kw.pop("lineage", 0)), at=at)
+            committed = kw.pop("committed", "-1:0").split(":")
+            return Kept(peer, int(inc), int(kw.pop("r")), kw.pop("digest", ""), int(kw.pop("lineage", 0)), at=at,
+                        committed=int(committed[0]), committed_lineage=int(committed[1]))
         if name == "fallback":
             gen, peer, inc = pos
             return Fallback(int(gen), peer, int(inc), at=at)

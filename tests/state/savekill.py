@@ -1,7 +1,8 @@
 """A process that saves its local copy in the background and is SIGKILLed at one phase of that save.
 
 Run as `python -m tests.state.savekill FOLDER PHASE`: saves revisions 1 and 2 whole (both slots used),
-takes the snapshot of revision 3 (into the slot that held revision 1), hands it to the background writer,
+marks revision 3 committed (as a commit does, before its snapshot), takes the snapshot of revision 3 (into
+the slot that held revision 1), hands it to the background writer,
 writes revision 4's values into the live tensors while the writer works (the next step), and SIGKILLs
 itself the first time the save reaches PHASE (`p2pgen.state.localcopy.PHASE_HOOK`). Exits 0 when PHASE
 never came.
@@ -48,6 +49,7 @@ def main(folder: str, phase: str) -> None:
         if at == phase:
             os.kill(os.getpid(), signal.SIGKILL)
     lc.PHASE_HOOK = hook
+    copy.mark_committed(3, RUN, 1, generation=1)
     writer = BackgroundWriter(copy)
     try:
         writer.submit(copy.snapshot(state, instance=RUN, incarnation=1, generation=1, epoch=1))

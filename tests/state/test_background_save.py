@@ -56,6 +56,9 @@ def test_a_kill_at_any_phase_of_a_background_save_resumes_a_whole_revision(tmp_p
     # before the pointer moved: revision 2, whole (the torn slot is not named); after: revision 3, not the
     # revision 4 the next step was writing into the tensors meanwhile
     assert_exactly(resumed(tmp_path), PHASES[phase])
+    # and the mark says what the copy lacks: committed revision 3 (generation 1) until the pointer moved
+    copy = LocalCopy(str(tmp_path), JOB, PEER)
+    assert copy.unsaved_commits(copy.describe()) == ((3, 1) if PHASES[phase] == 2 else None)
 
 
 def test_a_background_save_that_completes_holds_the_snapshot_not_the_next_step(tmp_path):
@@ -223,9 +226,14 @@ def test_a_restored_copy_says_which_committed_revisions_it_does_not_hold(tmp_pat
     again = keeper_for(tmp_path, torch_state())
     try:
         line = again.restore(VIEW)
+        said = again.vote_fields(VIEW)               # the vote says it, so the job declares the loss if no one holds 3
+        again.activated(active(revision=1, digest=again.state.digest()))
+        after = again.vote_fields(VIEW)              # said once: the activation's own mark replaces it
     finally:
         again.close()
     assert "revision 1" in line and "committed up to revision 3" in line and "2..3" in line
+    assert (said["committed"], said["committed_lineage"]) == (3, gen.generation)
+    assert "committed" not in after
 
 
 def test_a_copy_that_cannot_fit_is_refused_at_start_naming_the_size_and_the_flags(tmp_path, monkeypatch):
