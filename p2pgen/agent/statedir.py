@@ -120,8 +120,8 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
                             "every member's state")
     group.add_argument("--regress-wait", type=float, default=DEFAULT_REGRESS_WAIT, metavar="S",
                        help="a generation that would resume below the certified revision waits S seconds for a "
-                            f"holder, a local copy or a checkpoint (default {DEFAULT_REGRESS_WAIT:g}; "
-                            "same on every agent)")
+                            "holder, a local copy or a checkpoint, unless every incarnation that could hold it has "
+                            f"said what it holds (default {DEFAULT_REGRESS_WAIT:g}; same on every agent)")
     group.add_argument("--allow-fresh-start", action="store_true",
                        help="after that wait, allow resuming from revision 0 when nothing survived (default: the "
                             "generation stays held and says so)")

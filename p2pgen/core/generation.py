@@ -511,6 +511,23 @@ class GenerationMachine:
                    and at < k.at + self.regress_wait and self.left_behind(k.lineage, k.revision) is None]
         return max(waiting, key=lambda k: (k.revision, k.peer_id), default=None)
 
+    def _possible_holders_heard(self) -> bool:
+        """Whether every incarnation that could hold the certified revision (the active generation's members, and
+        the parent's members it saw depart) has said what it holds: its peer votes a state in this proposal (a
+        restarted incarnation votes what it restored on that host; an agent's vote for an application not attached
+        yet says nothing), or its own agent reported the copy it left. Then nothing the wait could bring back is
+        left (the copies lagged the commits) and the job need not wait."""
+        if self.active is None:
+            return False
+        votes = self._open_proposal().votes
+        possible = [m.identity for m in self.active.members] + [(p, i) for p, i, _ in self.active.departed]
+        for peer_id, incarnation in possible:
+            vote, kept = votes.get(peer_id), self.kept.get(peer_id)
+            if not (vote is not None and vote.digest) and not (kept is not None and kept.exact
+                                                               and kept.incarnation >= incarnation):
+                return False
+        return True
+
     def _regression_refusal(self, election: Election, since: float, at: float) -> str | None:
         """Why a frontier below the certified revision may not be used at time `at` (None: it may)."""
         certified = election.regressed_from
@@ -518,7 +535,7 @@ class GenerationMachine:
         if election.lost_shards:
             lost = ", ".join(f"{o}[{i}]" for o, i in election.lost_shards)
             best += f"; every owner of shard(s) {lost} is gone"
-        if at < since + self.regress_wait:
+        if at < since + self.regress_wait and (election.lost_shards or not self._possible_holders_heard()):
             return (f"no member holds certified revision {certified} (best: {best}); waiting until "
                     f"{since + self.regress_wait:.3f} for a holder, a local copy or a checkpoint")
         if election.frontier.revision == 0 and not self.allow_fresh_start:
@@ -710,11 +727,14 @@ class GenerationMachine:
             return (f"REGRESSED from committed revision {lost} to revision {frontier.revision} "
                     f"({lost - frontier.revision} committed step(s) lost: their only holders died before their local "
                     f"copies were saved), from {source}; new state epoch {self.state_epoch}")
-        waited = f"{at - self.hold_since:.1f} s" if self.hold_since is not None else "0 s"
+        since = self.hold_since if self.hold_since is not None else at
+        waited = (f"after waiting {at - since:.1f} s for a holder, a local copy or a checkpoint"
+                  if at >= since + self.regress_wait else
+                  f"after {at - since:.1f} s, when every incarnation that could hold it had said what it holds")
         above = f" (committed up to revision {lost})" if lost > election.regressed_from else ""
         return (f"REGRESSED from certified revision {election.regressed_from}{above} to revision {frontier.revision} "
-                f"({lost - frontier.revision} committed step(s) lost), from {source}, after waiting {waited} for a "
-                f"holder, a local copy or a checkpoint; new state epoch {self.state_epoch}")
+                f"({lost - frontier.revision} committed step(s) lost), from {source}, {waited}; new state epoch "
+                f"{self.state_epoch}")
 
     def _tombstone_reason(self, member: Member) -> str:
         for stone in reversed(self.tombstones):

@@ -301,7 +301,10 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert same_election(effect.election, naive), (effect.election, naive)
                 if naive.regressed_from is not None:
                     since = self.now if self.missing_since is None else self.missing_since
-                    assert self.now >= since + self.regress_wait, "regressed before the wait was over"
+                    assert self.now >= since + self.regress_wait or self.holders_heard(g), \
+                        "regressed before the wait was over, while a possible holder had not said what it holds"
+                    if self.now < since + self.regress_wait:
+                        event("regressed early: every possible holder said what it holds")
                     assert naive.frontier.revision > 0 or self.fresh, "fresh start without the allowance"
                     if self.missing_since is None:
                         self.missing_since = self.now
@@ -328,6 +331,8 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert effect.hold.since == self.missing_since
                 assert effect.hold.until == self.missing_since + self.regress_wait
                 assert self.now < effect.hold.until or (naive.frontier.revision == 0 and not self.fresh)
+                assert not self.holders_heard(g) or (naive.frontier.revision == 0 and not self.fresh), \
+                    "held although every incarnation that could hold the certified revision said what it holds"
             elif isinstance(effect, Activated):
                 self.check_activation(effect.certificate, position)
 
@@ -343,6 +348,15 @@ class GenerationProtocol(RuleBasedStateMachine):
                                                     self.active_cert.generation, command.at)
         elif isinstance(command, Leave) or (isinstance(command, Ready) and command.quiescence != "unknown"):
             self.kept_notes.pop(command.peer_id, None)
+
+    def holders_heard(self, g: int) -> bool:
+        """The test's own rule: every member of the active generation, and every parent member it saw depart, has
+        a vote with a state (non-empty digest) in proposal g (the test sends no copies of dead incarnations)."""
+        if self.active_cert is None:
+            return False
+        votes = self.votes.get(g, {})
+        possible = [m.peer_id for m in self.active_cert.members] + [p for p, _, _ in self.active_cert.departed]
+        return all(peer in votes and votes[peer][1].digest for peer in possible)
 
     def is_current(self, identity: tuple[str, int]) -> bool:
         return identity in self.admitted and identity not in self.evicted and self.max_inc[identity[0]] == identity[1]
