@@ -10,7 +10,8 @@ Figures:
 - per fault, `recovery_s`: seconds until the first step that commits a revision above every revision
   committed before the fault;
 - `regressions`: generations activated at a frontier below the highest revision some member had
-  committed before the activation, with the steps lost;
+  committed before the activation on the same branch (a declared regression starts a new one), with the
+  steps lost;
 - `digest_mismatches`: revisions that two members committed with different digests (equal revision
   must mean equal digest).
 The run passes only if the checker found no violation and had something to compare, every fault was
@@ -76,14 +77,21 @@ def recoveries(faults: list[Fault], commits: list[Commit]) -> list[float | None]
 
 
 def regressions(activated: list[Activated], commits: list[Commit]) -> list[dict[str, Any]]:
-    times, highest = _highest_so_far(commits)
-    out = []
-    for a in sorted(activated, key=lambda a: a.t):
-        i = bisect_right(times, a.t)
-        committed = highest[i - 1] if i else 0
-        if a.revision < committed:
-            out.append({"generation": a.generation, "revision": a.revision, "highest_committed": committed,
-                        "steps_lost": committed - a.revision, "regressed_from": a.regressed_from, "t": a.t})
+    """Activations below the highest revision committed before them on the same branch of history: a declared
+    regression (`regressed_from`) starts a new branch at its frontier, so the revisions it gave up, committed
+    again later, are not counted twice (a silent regression on the new branch still is)."""
+    timeline = sorted([(c.t, 0, c.revision, None) for c in commits] + [(a.t, 1, a.revision, a) for a in activated],
+                      key=lambda e: (e[0], e[1]))
+    out, highest = [], 0
+    for _, _, revision, a in timeline:
+        if a is None:
+            highest = max(highest, revision)
+            continue
+        if revision < highest:
+            out.append({"generation": a.generation, "revision": revision, "highest_committed": highest,
+                        "steps_lost": highest - revision, "regressed_from": a.regressed_from, "t": a.t})
+        if a.regressed_from is not None:
+            highest = revision
     return out
 
 

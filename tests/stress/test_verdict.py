@@ -45,6 +45,14 @@ def test_a_generation_activated_below_the_highest_committed_revision_is_a_regres
                       "regressed_from": 8, "t": 3.0}]
 
 
+def test_after_a_declared_regression_only_the_new_branch_counts():
+    cs = commits((1.0, 7), (2.0, 8), (4.0, 6), (4.5, 7), (6.0, 9))
+    found = regressions([Activated(3, 5, 3.0, 8), Activated(4, 6, 5.0), Activated(5, 8, 7.0)], cs)
+    # g4 at r6 is above the branch g3 began (r5 -> r7 committed again): only its one silent step lost counts
+    assert [(r["generation"], r["highest_committed"], r["steps_lost"], r["regressed_from"]) for r in found] == [
+        (3, 8, 3, 8), (4, 7, 1, None), (5, 9, 1, None)]
+
+
 def test_one_revision_with_two_digests_is_a_mismatch_unless_a_regression_redid_it():
     cs = commits((1.0, 1), (2.0, 2)) + [Commit(3.0, "c", 1, 2, 2, "other"), Commit(4.0, "c", 1, 2, 3, "x")]
     found = digest_mismatches(cs)
