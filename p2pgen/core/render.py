@@ -185,7 +185,7 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
         "state_epoch": m.state_epoch,
         "raft_epoch": m.raft_epoch,
         "kept": [{"peer_id": k.peer_id, "incarnation": k.incarnation, "revision": k.revision, "lineage": k.lineage,
-                  "at": k.at, "exact": k.exact} for k in m.kept.values()],
+                  "at": k.at, "exact": k.exact, "committed": k.committed} for k in m.kept.values()],
         "forks": [{"epoch": e, "revision": r} for e, r in m.forks],
         "layout": [{"object_id": p.object_id, "length": p.length, "shards": p.shards, "itemsize": p.itemsize,
                     "r": p.r, "partition": p.describe()} for p in m.layout],
