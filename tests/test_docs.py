@@ -1,4 +1,4 @@
-"""The repository stands alone: README.md, CHANGELOG.md, docs/**/*.md and the Python sources.
+"""The repository stands alone: README.md, CHANGELOG.md, sims/README.md, docs/**/*.md and the Python sources.
 
 Pure and fast (reads files, no network). Each check is a function that returns its problems as
 `file:line: what` strings, run on the real files and, to show it can fail, on a doctored input:
@@ -62,7 +62,8 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "sims" / "README.md",
+            *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def python_files() -> list[Path]:
