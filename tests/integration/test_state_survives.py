@@ -1,4 +1,4 @@
-"""Integration: state that survives its application processes (issue 16's items 3, 4 and 5).
+"""Integration: state that survives its application processes (local copies, checkpoints, `--restore`).
 
 Three members run the exact integer mini-training of `apps/exact_train.py`; every application is then
 SIGKILLed at once (their agents live on), which before this work lost the state for good:
