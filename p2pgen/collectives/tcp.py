@@ -164,8 +164,7 @@ class TcpBackend:
                 seg = self._ring_seg(work.itemsize, bounds)
                 self._reduce_scatter(pipe, op, flat, flat.elems, work, bounds, seg, gather=True)
                 self._all_gather(pipe, work, bounds, seg)
-                pipe.flush()
-                _exchange_receipts(pipe)
+                pipe.finish()
                 if work is not flat.elems:
                     np.copyto(flat.elems, work)
         return buf
@@ -184,8 +183,7 @@ class TcpBackend:
                 bounds = _blocks(out.size, self.world)
                 seg = self._ring_seg(work.itemsize, bounds)
                 self._reduce_scatter(pipe, op, inp, inp.elems, work, bounds, seg, gather=False)
-                pipe.flush()
-                _exchange_receipts(pipe)
+                pipe.finish()
                 lo, hi = bounds[self.rank]
                 np.copyto(out.elems, work[lo:hi])
         return output
@@ -204,8 +202,7 @@ class TcpBackend:
                 for a, b in _segments(lo, hi, seg):
                     pipe.send(inp.elems[a - lo:b - lo])
                 self._all_gather(pipe, work, bounds, seg)
-                pipe.flush()
-                _exchange_receipts(pipe)
+                pipe.finish()
                 np.copyto(work[lo:hi], inp.elems)    # read the input before any output write (it may alias)
                 np.copyto(out.elems, work)
             else:
@@ -554,17 +551,18 @@ class _Pipe:
         if self.dst is not None and not self.inline:
             self.dst.flush()
 
-
-def _exchange_receipts(pipe: _Pipe) -> None:
-    """A ring collective's last exchange (see the module docstring): every frame from the predecessor has
-    arrived, so say so to it, then wait for the successor's receipt for every frame this member sent. The
-    receipt (no payload; its chunk field counts the frames received) goes on the sender thread when it has
-    frames queued for that link (a ring of two members shares one link both ways), else at once."""
-    pipe.src.post(FrameKind.RECEIPT, pipe.seq, pipe.received, _NO_PAYLOAD, inline=pipe.src.idle)
-    stamp = (FrameKind.RECEIPT, pipe.seq, pipe.sent)
-    slot = RecvSlot(memoryview(_NO_PAYLOAD))
-    pipe.dst.recv_into(slot, *stamp)
-    slot.take(stamp)
+    def finish(self) -> None:
+        """A ring collective's last exchange (see the module docstring), once every frame from the predecessor
+        has arrived: say so to it, flush, then wait for the successor's receipt for every frame this member
+        sent. A receipt has no payload; its chunk field counts the frames received. It goes on the sender thread
+        while that has frames queued for its link (a ring of two members shares one link both ways), else at
+        once."""
+        self.src.post(FrameKind.RECEIPT, self.seq, self.received, _NO_PAYLOAD, inline=self.src.idle)
+        self.flush()
+        stamp = (FrameKind.RECEIPT, self.seq, self.sent)
+        slot = RecvSlot(memoryview(_NO_PAYLOAD))
+        self.dst.recv_into(slot, *stamp)
+        slot.take(stamp)
 
 
 _NO_PAYLOAD = np.zeros(0, np.uint8)
