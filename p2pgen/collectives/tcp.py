@@ -22,6 +22,14 @@ Invariants:
   copy (one memory pass over the buffer per call), but **a raising all_reduce leaves that buffer
   partly reduced**: opt in only where a failed step's buffers are discarded (recomputed or reloaded).
   Every other collective keeps the guarantee either way.
+- No member returns from a ring collective (all_reduce, reduce_scatter, all_gather) alone: once it has
+  received every frame it needs it sends its predecessor a receipt (`FrameKind.RECEIPT`), and it returns
+  only after its successor's receipt for every frame it sent. Its successor receives everything it needs
+  from this member, so a member that returns knows another one holds the whole result too: a member cut
+  off (or stopped) after its last receive, whose last frames never reach the ring, waits for a receipt
+  and fails with the rest instead of completing, and committing, a step the others give up. What stays
+  open is a loss that lands in the round trip of the receipts themselves (two members each lose the
+  other's receipt); see docs/design/data-plane.md.
 - Every collective (send/recv aside) advances `op_seq` by one on every member; frames are stamped with it.
 - A subgroup (`subgroup(ranks)`: torch's `new_group`) is a TcpBackend over some members of the same
   generation: it shares the parent's session (so a generation change or abort fails it the same way, and one
@@ -156,7 +164,7 @@ class TcpBackend:
                 seg = self._ring_seg(work.itemsize, bounds)
                 self._reduce_scatter(pipe, op, flat, flat.elems, work, bounds, seg, gather=True)
                 self._all_gather(pipe, work, bounds, seg)
-                pipe.flush()
+                pipe.finish()
                 if work is not flat.elems:
                     np.copyto(flat.elems, work)
         return buf
@@ -175,7 +183,7 @@ class TcpBackend:
                 bounds = _blocks(out.size, self.world)
                 seg = self._ring_seg(work.itemsize, bounds)
                 self._reduce_scatter(pipe, op, inp, inp.elems, work, bounds, seg, gather=False)
-                pipe.flush()
+                pipe.finish()
                 lo, hi = bounds[self.rank]
                 np.copyto(out.elems, work[lo:hi])
         return output
@@ -194,7 +202,7 @@ class TcpBackend:
                 for a, b in _segments(lo, hi, seg):
                     pipe.send(inp.elems[a - lo:b - lo])
                 self._all_gather(pipe, work, bounds, seg)
-                pipe.flush()
+                pipe.finish()
                 np.copyto(work[lo:hi], inp.elems)    # read the input before any output write (it may alias)
                 np.copyto(out.elems, work)
             else:
@@ -543,7 +551,21 @@ class _Pipe:
         if self.dst is not None and not self.inline:
             self.dst.flush()
 
+    def finish(self) -> None:
+        """A ring collective's last exchange (see the module docstring), once every frame from the predecessor
+        has arrived: say so to it, flush, then wait for the successor's receipt for every frame this member
+        sent. A receipt has no payload; its chunk field counts the frames received. It goes on the sender thread
+        while that has frames queued for its link (a ring of two members shares one link both ways), else at
+        once."""
+        self.src.post(FrameKind.RECEIPT, self.seq, self.received, _NO_PAYLOAD, inline=self.src.idle)
+        self.flush()
+        stamp = (FrameKind.RECEIPT, self.seq, self.sent)
+        slot = RecvSlot(memoryview(_NO_PAYLOAD))
+        self.dst.recv_into(slot, *stamp)
+        slot.take(stamp)
 
+
+_NO_PAYLOAD = np.zeros(0, np.uint8)
 LARGE_FRAME_BYTES = 4 << 20     # the largest ring frame (see `ring_frame_bytes`), if max_frame_bytes allows
 PIPELINE_FRAMES = 4             # frames per member's chunk, at least, before frames grow past chunk_bytes
 _SCRATCH_SLOTS = 3       # receive slots of a reduce-scatter: one spare, two it rotates through (see `_reduce_scatter`)

@@ -35,6 +35,7 @@ SEALED_DIGEST = 0        # the payload digest a sealed frame's checksum is made 
 class FrameKind(enum.IntEnum):
     COLLECTIVE = 1   # op_seq is the communicator's collective sequence number
     P2P = 2          # op_seq counts send/recv calls between this ordered pair of ranks
+    RECEIPT = 3      # a ring collective's receipt: every frame of op_seq from its addressee arrived
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.timeout(240)
 
 APP = [sys.executable, str(Path(__file__).parent / "apps" / "data_train.py")]
 STEPS = 120
+HOLD_AT = 80        # from there the survivors slow down (20 s for the last 40 revisions) while the two joiners start
 
 
 def read_log(directory: Path) -> list[dict]:
@@ -50,6 +51,7 @@ def test_every_sample_is_used_once_across_kills_and_joins(cluster, tmp_path, mon
     for d in dirs.values():
         d.mkdir()
     for key, value in (("DATA_STEPS", STEPS), ("DATA_LOG", dirs["log"]), ("P2PGEN_SUMMARY_DIR", dirs["summaries"]),
+                       ("DATA_HOLD", f"{HOLD_AT}:5"),
                        ("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
                                                        os.environ.get("PYTHONPATH", "")]))):
         monkeypatch.setenv(key, str(value))

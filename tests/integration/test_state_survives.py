@@ -121,12 +121,12 @@ def test_every_application_killed_at_once_resumes_from_the_local_copies(cluster,
     resumed = since_kill[0]["frontier"]["revision"]
     assert resumed >= before - SavePolicy().max_lag - 1, (resumed, before)
     assert all(c["frontier"]["revision"] >= resumed for c in since_kill), [c["frontier"] for c in since_kill]
+    # (the commit mark is written before the trace's commit line: a kill between the two leaves the trace one behind)
     regressed = [c for c in since_kill if c["regressed_from"] is not None]
+    assert len(regressed) <= 1 and all(before <= c["regressed_from"] <= before + 1 for c in regressed), regressed
+    assert all("REGRESSED from committed revision" in c["recovery"] for c in regressed), regressed
     if resumed < before:
-        assert [(c["regressed_from"], c["frontier"]["revision"]) for c in regressed] == [(before, resumed)], regressed
-        assert "REGRESSED from committed revision" in regressed[0]["recovery"], regressed[0]["recovery"]
-    else:
-        assert regressed == [], [c["recovery"] for c in regressed]
+        assert regressed and regressed[0]["frontier"]["revision"] == resumed, regressed
     for restore, t in restored:
         first_pull = next((e for e in t if e["event"] == "pull"), None)
         if restore["revision"] == after["frontier"]["revision"]:

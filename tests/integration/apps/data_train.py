@@ -6,6 +6,10 @@ logs them (DATA_LOG/<peer>-<incarnation>.jsonl, `used` before the all-reduce, `c
 per index into a local histogram, all-reduces it (SUM) and adds the total to `counts`. After R committed steps the
 state must equal the serial reference: every index counted as often as the first R * B positions of the sample
 stream hold it (`reference`); one sample skipped or used twice shows in `counts` and in every digest.
+DATA_HOLD="REVISION:WORLD" slows the members down from REVISION on (a pause of HOLD_PAUSE_S before each step)
+while their generation has fewer than WORLD members, so that joiners still starting up on a loaded machine join
+before the job reaches its last revision; the steps still run and commit (a pending generation is joined at a
+commit, so a member that stopped stepping would never let the joiners in).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import p2pgen
 from p2pgen.data import ElasticLoader, ElasticSampler, stream
 
 N, BATCH, SEED = 97, 12, 11
+HOLD_PAUSE_S = 0.5
 
 
 class Ids:
@@ -47,9 +52,12 @@ def main() -> None:
     loader = ElasticLoader(Ids(), sampler, num_workers=workers) if workers else None
     peer = p2pgen.join(state=state)
     log = open(os.path.join(os.environ["DATA_LOG"], f"{peer.peer_id}-{peer.incarnation}.jsonl"), "a", buffering=1)
+    hold_at, hold_world = (int(v) for v in os.environ.get("DATA_HOLD", "0:0").split(":"))
     for step in peer.steps():
         if state.revision >= steps:
             break
+        if hold_world and state.revision >= hold_at and step.world < hold_world:
+            time.sleep(HOLD_PAUSE_S)
         with step:
             if loader is not None:
                 batch = loader.batch(step)
