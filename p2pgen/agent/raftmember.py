@@ -106,10 +106,14 @@ class RaftMembership:
         return node.view() if node is not None else None
 
     def announced_node(self) -> str:
-        """The voter id this agent runs (or is about to run, while promoted), "" for a non-voting member."""
-        pending, node = self._pending, self.node
+        """The voter id this agent runs or is about to run (while promoted, or while its formation voter waits for
+        its first leader), "" for a non-voting member. A voter of the configuration whose agent announced "" would be
+        removed by the leader as replaced by a non-voting member, and would then wait for a leader for ever."""
+        pending, launching, node = self._pending, self._launching, self.node
         if pending is not None:
             return pending.node_id
+        if launching is not None and launching.node_id:
+            return launching.node_id
         return node.node_id if node is not None and node.node_id else ""
 
     def caught_up(self) -> bool:

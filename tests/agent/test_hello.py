@@ -51,3 +51,19 @@ def test_addresses_that_do_not_answer_are_not_a_refusal() -> None:
     with listener(SECRET) as gone:
         pass                                         # stopped: nothing listens there any more
     assert membership()._ask_hello([gone]) == []
+
+
+class _Node:
+    def __init__(self, node_id: str | None) -> None:
+        self.node_id = node_id
+
+
+def test_a_formation_voter_waiting_for_its_first_leader_is_announced() -> None:
+    member = membership()
+    assert member.announced_node() == ""
+    member._launching = _Node("127.0.0.1:10/abc")          # type: ignore[assignment]
+    assert member.announced_node() == "127.0.0.1:10/abc"
+    member._launching, member.node = _Node(None), _Node("127.0.0.1:10/abc")   # type: ignore[assignment]
+    assert member.announced_node() == "127.0.0.1:10/abc"  # a non-voting node launched meanwhile hides no voter
+    member.node = _Node(None)                               # type: ignore[assignment]
+    assert member.announced_node() == ""
