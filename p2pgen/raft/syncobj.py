@@ -31,9 +31,14 @@ Owns six narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17
 6. A tick ends in a poll that handles the messages already waiting (`SyncObj._onTick`: `self._poller.poll(
    timeToWait)`, here with 0), but what they call for (a leader advancing its commit index on an ack or appending
    a forwarded command, a follower applying a newer commit index) happens only at the next tick. `messages_handled`
-   counts the messages handled so that the node's thread ticks again at once instead of sleeping until its next
-   timer (up to the 0.15 s append period: a tenth to a quarter of the submits through a follower took ~155 ms
-   instead of ~5 ms).
+   counts the messages that call for a tick so that the node's thread ticks again at once instead of sleeping until
+   its next timer (up to the 0.15 s append period: a tenth to a quarter of the submits through a follower took
+   ~155 ms instead of ~5 ms). A message that calls for none is not counted: one after which Raft's state (term,
+   role, leader, vote, log, commit and applied indexes, configuration, readiness) is what it was, while every
+   entry is committed and applied: an idle leader's heartbeat as its follower handles it, the follower's ack as the
+   leader does (only these two kinds: a forwarded command, a vote, anything else always counts). Everything such
+   a message does happens in its handler (the election deadline, the reply, the
+   leader's response times); the node's thread then sleeps on without a tick (`RaftNode`).
 7. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
    command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
    node grants passes through `on_vote(term, candidate, request)` (for the trace).
@@ -50,6 +55,7 @@ from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
 
 OnApplied = Callable[[int, int, bytes, Any], None]
+ROUTINE = frozenset({"append_entries", "next_node_idx"})   # may call for no tick (6); any other message does
 
 
 class JobSyncObj(SyncObj):
@@ -66,7 +72,24 @@ class JobSyncObj(SyncObj):
     # --- 1 and 2: the message handler ---------------------------------------------------------------
 
     def _SyncObj__onMessageReceived(self, node, message):     # overrides SyncObj.__onMessageReceived
-        self.messages_handled += 1
+        before = self._raft_state()
+        self._handle(node, message)
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind not in ROUTINE or self._raft_state() != before or not self._settled():
+            self.messages_handled += 1
+
+    def _raft_state(self) -> tuple:
+        """What a tick after a message could act on (see 6 above)."""
+        return (self._SyncObj__raftCurrentTerm, self._SyncObj__raftState, self._SyncObj__raftLeader,
+                self._SyncObj__votedForNodeId, self._SyncObj__getCurrentLogIndex(), self._SyncObj__raftCommitIndex,
+                self._SyncObj__raftLastApplied, len(self._SyncObj__otherNodes), self._SyncObj__onReadyCalled)
+
+    def _settled(self) -> bool:
+        """Every entry of the log is committed and applied: an ack or a heartbeat calls for no tick."""
+        return (self._SyncObj__onReadyCalled and
+                self._SyncObj__getCurrentLogIndex() == self._SyncObj__raftCommitIndex == self._SyncObj__raftLastApplied)
+
+    def _handle(self, node, message) -> None:
         if not isinstance(message, dict) or "type" not in message:
             return
         kind = message["type"]
