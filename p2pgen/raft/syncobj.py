@@ -1,6 +1,6 @@
 """`JobSyncObj`: pysyncobj 0.3.17's SyncObj with Raft's log rules restored and every applied entry observed.
 
-Owns six narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
+Owns seven narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
 
 1. Follower: `SyncObj.__onMessageReceived`, branch `append_entries` with `prevLogIdx`, deletes every entry after
    `prevLogIdx` whenever its log is longer (`if len(prevEntries) > 1: ... self.__deleteEntriesFrom(prevLogIdx
@@ -42,6 +42,12 @@ Owns six narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17
 7. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
    command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
    node grants passes through `on_vote(term, candidate, request)` (for the trace).
+8. Leader: an idle heartbeat goes to a non-voting member every other append period. It votes for nothing, so
+   what it needs from an idle leader is only to keep hearing it (its agent's fence publishes a leader heard within
+   the longest election timeout, 1 s; the period is 0.15 s) and to keep its connection read within the 1 s
+   `connectionTimeout`; each heartbeat and its ack cost the leader a message each way, per member (31 at 32
+   agents). A member the leader has anything new for (an entry past its next index, a commit index or a term it
+   was not sent) gets the append at once, as before (5).
 Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
 backwards.
 """
@@ -56,6 +62,7 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 
 OnApplied = Callable[[int, int, bytes, Any], None]
 ROUTINE = frozenset({"append_entries", "next_node_idx"})   # may call for no tick (6); any other message does
+READONLY_IDLE_PERIODS = 1.5     # an idle non-voting member sent nothing within this many append periods gets one (8)
 
 
 class JobSyncObj(SyncObj):
@@ -67,6 +74,7 @@ class JobSyncObj(SyncObj):
         self._change_pending: tuple[int, int] | None = None     # (term, index) of the last change appended
         self.leader_heard_at = 0.0                                  # pysyncobj's clock: the last append of a leader
         self.messages_handled = 0                                   # 6: read by the node's loop around each tick
+        self._readonly_told: dict = {}                              # 8: node -> ((term, commit) sent, when)
         super().__init__(*args, **kwargs)
 
     # --- 1 and 2: the message handler ---------------------------------------------------------------
@@ -173,6 +181,32 @@ class JobSyncObj(SyncObj):
         super()._checkCommandsToApply()
         if self._isLeader() and self._SyncObj__getCurrentLogIndex() != before:
             self._SyncObj__sendAppendEntries()
+
+    # --- 8: idle heartbeats to non-voting members every other period ---------------------------------
+
+    def _SyncObj__sendAppendEntries(self):                      # overrides SyncObj.__sendAppendEntries
+        readonly = self._SyncObj__readonlyNodes
+        told, now = self._readonly_told, monotonic_time()
+        mark = (self._SyncObj__raftCurrentTerm, self._SyncObj__raftCommitIndex)
+        idle = {node for node in readonly if self._told_recently(node, mark, now)}
+        readonly.difference_update(idle)
+        try:
+            super()._SyncObj__sendAppendEntries()
+        finally:
+            readonly.update(idle & self._SyncObj__connectedNodes)
+        for node in list(told):
+            if node not in readonly:
+                del told[node]
+        for node in readonly - idle:
+            told[node] = (mark, now)
+
+    def _told_recently(self, node, mark: tuple[int, int], now: float) -> bool:
+        """The non-voting member `node` was sent this term and commit index within READONLY_IDLE_PERIODS append
+        periods, and holds every entry."""
+        told = self._readonly_told.get(node)
+        return (told is not None and told[0] == mark
+                and now - told[1] < READONLY_IDLE_PERIODS * self._SyncObj__conf.appendEntriesPeriod
+                and self._SyncObj__raftNextIndex.get(node, 0) > self._SyncObj__getCurrentLogIndex())
 
     def _SyncObj__applyLogEntries(self):                        # overrides SyncObj.__applyLogEntries
         before = self.raftLastApplied

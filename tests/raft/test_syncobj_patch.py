@@ -193,6 +193,49 @@ def test_only_a_message_that_calls_for_a_tick_is_counted():
     assert so.messages_handled == counted + 4                 # never routine: the leader appends it at its tick
 
 
+class _Member:
+    """A non-voting member's connection as the leader's SyncObj sees it."""
+
+    id = "readonly"
+
+    def _destroy(self) -> None:
+        pass
+
+
+def test_an_idle_non_voting_member_gets_every_other_heartbeat_and_anything_new_at_once(monkeypatch):
+    import p2pgen.raft.syncobj as job_syncobj
+
+    clock = [1000.0]
+    monkeypatch.setattr(job_syncobj, "monotonic_time", lambda: clock[0])
+    so, sent = make(JobSyncObj, self_id=LEADER, others=(FOLLOWER, OTHER))
+    so._SyncObj__raftState = _RAFT_STATE.LEADER
+    so._SyncObj__raftCurrentTerm = 2
+    so._SyncObj__raftLog.add(NOOP, 2, 2)
+    so._SyncObj__raftCommitIndex = 2
+    apply(so)
+    for voter in so.otherNodes:
+        so._SyncObj__connectedNodes.add(voter)
+        so._SyncObj__raftNextIndex[voter] = 3
+    so._SyncObj__onReadonlyNodeConnected(_Member())
+    period = RaftTiming().append_period
+
+    def heartbeat_after(seconds: float) -> list[str]:
+        clock[0] += seconds
+        sent.clear()
+        so._SyncObj__sendAppendEntries()
+        return sorted(node for node, message in sent if message["type"] == "append_entries")
+
+    assert heartbeat_after(0.0) == sorted([FOLLOWER, OTHER, "readonly"])    # a member never sent to
+    assert heartbeat_after(period) == sorted([FOLLOWER, OTHER])             # idle: every other period
+    assert heartbeat_after(period) == sorted([FOLLOWER, OTHER, "readonly"])
+    so._SyncObj__raftLog.add(NOOP, 3, 2)                                     # a new entry: sent at once
+    assert heartbeat_after(0.01) == sorted([FOLLOWER, OTHER, "readonly"])
+    so._SyncObj__raftCommitIndex = 3                                         # its commit: sent at once
+    so._SyncObj__raftNextIndex.update({node: 4 for node in so._SyncObj__raftNextIndex})
+    assert heartbeat_after(0.01) == sorted([FOLLOWER, OTHER, "readonly"])
+    assert heartbeat_after(0.01) == sorted([FOLLOWER, OTHER])
+
+
 def _follower_of(self_id: str, others: tuple[str, str]):
     """A RaftNode over a SyncObj that follows LEADER in term 1, its election a full timeout away."""
     from pysyncobj.monotonic import monotonic as so_monotonic
