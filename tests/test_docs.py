@@ -1,11 +1,16 @@
-"""The documentation stands alone: README.md, CHANGELOG.md and docs/**/*.md.
+"""The repository stands alone: README.md, CHANGELOG.md, sims/README.md, docs/**/*.md and the Python sources.
 
 Pure and fast (reads files, no network). Each check is a function that returns its problems as
 `file:line: what` strings, run on the real files and, to show it can fail, on a doctored input:
 
 - every relative Markdown link names a file or folder that exists inside the repository (anchors stripped);
-- no text points outside the repository: `../shared`, DESIGN.md, issue numbers, "seed documents", or an
-  absolute path of some machine (`/root/`, `/work/`, `/home/`, `/tmp/`, `/Users/`);
+- no text points outside the repository: `../shared`, DESIGN.md, issue numbers ("issue 4", "issues #12",
+  "(issue"), seed documents ("the seed documents", "seed-001", "seed 000", "the seed's", "seed model"), or an
+  absolute path of some machine (`/root/`, `/work/`, `/home/`, `/tmp/`, `/Users/`). The same rules hold for
+  every line of the Python files under p2pgen/, p2pgen_lab/, tests/, examples/ and sims/ (docstrings,
+  comments and strings alike; this file, which lists the bad examples, excepted), where a `dir/page.md` path
+  must also name a page that exists. A random seed (`--seed`, RNG seeds) and the seed agent of
+  `p2pgen recover` stay ordinary words; write the latter "the seed agent's", not "the seed's";
 - README.md is at most 200 lines and opens with the two commands (demo, tests), whose files exist;
 - docs/design/design.md defines each invariant I1..I8, and every invariant the code cites;
 - every `P2PGEN_*` variable the docs mention is in docs/reference/environment.md.
@@ -36,13 +41,20 @@ FORBIDDEN = [
     (r"(?-i:DESIGN\.md)", "names a design document outside the repository (the design is docs/design/design.md)"),
     (r"\bissues?\s+#?\d+", "cites an issue number; describe the feature instead"),
     (r"#\d+\s+issue", "cites an issue number; describe the feature instead"),
+    (r"\(issues?\b(?!\s+#?\d)", "cites an issue; describe the feature instead"),
     (r"\bseed\s+documents?\b", "refers to seed documents outside the repository"),
     (r"\bthe\s+seeds\b", "refers to seed documents outside the repository"),
     (r"\bseeds/", "refers to seed documents outside the repository"),
-    (r"\bseed\s+\d{3}\b", "refers to a seed document by number"),
-    (r"\bthe\s+seed's\b", "refers to a seed document outside the repository"),
+    (r"(?<![-\w])seed[\s-]+\d{3}\b", "refers to a seed document by number"),
+    (r"\bseed's\b", "refers to a seed document outside the repository (the recovery seed: \"the seed agent's\")"),
+    (r"\bseed\s+model\b", "refers to a seed document's model; name the model itself"),
     (r"(?<![\w.~$/-])/(?:root|work|home|tmp|Users)/", "an absolute path of some machine"),
 ]
+
+# every match of FORBIDDEN holds one of these (in lower case): lines without any are skipped, which keeps the scan fast
+CUE = re.compile(r"\.\./shared|design\.md|issue|seed|/(?:root|work|home|tmp|users)/")
+PYTHON_FOLDERS = ("p2pgen", "p2pgen_lab", "tests", "examples", "sims")
+PAGE_PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)+[\w.-]+\.md)\b")
 
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|//)", re.I)
@@ -50,7 +62,14 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "sims" / "README.md",
+            *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def python_files() -> list[Path]:
+    """The Python files of the repository's packages, tests, examples and sims, this file excepted."""
+    own = Path(__file__).resolve()
+    return [path for folder in PYTHON_FOLDERS for path in sorted((ROOT / folder).rglob("*.py")) if path != own]
 
 
 def rel(path: Path) -> str:
@@ -126,9 +145,21 @@ def broken_links(path: Path, text: str, root: Path = ROOT) -> list[str]:
 def forbidden_text(path: Path, text: str) -> list[str]:
     problems = []
     for n, line in enumerate(text.split("\n"), 1):
+        if not CUE.search(line.lower()):
+            continue
         for pattern, why in FORBIDDEN:
             for m in re.finditer(pattern, line, re.I):
                 problems.append(f"{rel(path)}:{n}: {m.group()!r}: {why}")
+    return problems
+
+
+def python_problems(path: Path, text: str, root: Path = ROOT) -> list[str]:
+    """What `forbidden_text` finds in a Python file, and every `dir/page.md` it names that does not exist."""
+    problems = forbidden_text(path, text)
+    for n, line in enumerate(text.split("\n") if ".md" in text else [], 1):
+        for m in PAGE_PATH.finditer(line):
+            if not (root / m.group(1)).is_file():
+                problems.append(f"{rel(path)}:{n}: {m.group(1)!r}: names a page that is not in the repository")
     return problems
 
 
@@ -210,6 +241,10 @@ def test_no_references_outside_the_repository():
     fail_on([p for path in doc_files() for p in forbidden_text(path, read(path))])
 
 
+def test_python_sources_do_not_point_outside_the_repository():
+    fail_on([p for path in python_files() for p in python_problems(path, read(path))])
+
+
 def test_readme_is_a_front_door():
     path = ROOT / "README.md"
     fail_on(readme_problems(path, read(path)))
@@ -256,6 +291,42 @@ def test_forbidden_text_is_named_with_file_and_line(bad):
                                   "/proc/self/fd", "in issue order", "run #19"])
 def test_forbidden_text_leaves_ordinary_words_alone(fine):
     assert forbidden_text(ROOT / "docs" / "x.md", fine) == []
+
+
+@pytest.mark.parametrize("bad", [
+    '"""Integration: the step loop on real processes (issue 4\'s "must show")."""',
+    "# the fault kinds added for whole-host churn (issues 12 and 13)",
+    "x = 1  # (issue: the leader-loss work)",
+    '"""`p2pgen bench channel`: the seed-001 experiment on CPU."""',
+    '"""Seed 000\'s manifest record of one sharded object."""',
+    'Scenario(name="seed model", duration=duration)',
+    "# The seed's published figures: timeout -> (detect lat, FP rate, overhead)",
+    'label="seed\'s published goodput (additive)")',
+    '"""Shared state and catch-up (DESIGN.md, "State sync")."""',
+    "# kept as the seed documents describe it",
+    "- Two-way identity (notes/pysyncobj.md, item 15).",
+    "# see ../shared/notes/pysyncobj.md",
+    'CACHE = "/root/.cache/p2pgen"',
+])
+def test_python_that_points_outside_is_named_with_file_and_line(bad):
+    problems = python_problems(ROOT / "p2pgen" / "x.py", f"import os\n{bad}\n")
+    assert problems and all(p.startswith("p2pgen/x.py:2: ") for p in problems), problems
+
+
+@pytest.mark.parametrize("fine", [
+    'parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")',
+    "rng = np.random.default_rng(seed + 100)",
+    'cmd = ["p2pgen", "chaos", "--seed", "1", "--chaos-seed 123"]',
+    '"""Adopt the seed agent\'s state as the first entry of a new Raft epoch."""',
+    'note = f"re-formed in Raft epoch {epoch} from seed agent {seed}"',
+    "self.membership.reform_as_seed(epoch, gone)",
+    "for w in works:  # all ran before this (in issue order)",
+    "dict(s.as_dict(), mtbf=m, seed_reference=SEED_MTBF_ROWS[m])",
+    "# (docs/design/pysyncobj.md, pitfall 15); see sims/README.md",
+    '"""The two tables of the published churn study, computed by running the simulator."""',
+])
+def test_python_that_stays_inside_passes(fine):
+    assert python_problems(ROOT / "p2pgen" / "x.py", fine) == []
 
 
 def test_a_long_readme_or_a_lost_command_fails():

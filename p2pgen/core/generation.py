@@ -755,8 +755,8 @@ def _layout_line(layout: tuple[Partition, ...]) -> str:
 
 
 def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> Outcome:
-    """Adopt the seed's state as the first entry of a new Raft epoch, then drop the lost agents' members and
-    propose the survivors: generation and incarnation numbers continue above every one the seed had seen."""
+    """Adopt the seed agent's state as the first entry of a new Raft epoch, then drop the lost agents' members
+    and propose the survivors: generation and incarnation numbers continue above every one the seed had seen."""
     if not isinstance(cmd.base, GenerationMachine) or cmd.base.job != self.job:
         return Outcome.refused("reformed: the base is not a replicated state of this job")
     if cmd.epoch <= cmd.base.raft_epoch:

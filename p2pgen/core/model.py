@@ -106,7 +106,8 @@ class ShardPull:
 
 @dataclass(frozen=True)
 class ObjectRecord:
-    """Seed 000's manifest record of one sharded logical object at one activation."""
+    """The record of one sharded logical object at one activation: its digest, old and new owners and
+    partitions, and how it was rebuilt and verified (`objects` in a generation's JSON)."""
 
     object_id: str
     application_revision: int
@@ -224,7 +225,7 @@ class Certificate:
     raft_epoch: int = 0                         # the Raft epoch (0, then +1 at each fenced re-form) that certified it
     reformed: str = ""                          # the first generation after a re-form: its epoch, seed and lost agents
     ownership: tuple[tuple[str, int, tuple[str, ...]], ...] = ()   # sharded objects: (object, shard, owners)
-    objects: tuple[ObjectRecord, ...] = ()      # per sharded object: seed 000's manifest record
+    objects: tuple[ObjectRecord, ...] = ()      # per sharded object: its record at this activation
     moved: tuple[ShardPull, ...] = ()           # shards copied or rebuilt before this generation activated
     topology: Topology | None = None            # why the rank map is in this order (None: nothing was known)
 

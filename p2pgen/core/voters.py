@@ -27,7 +27,7 @@ MAX_VOTERS = 5
 
 def target_voters(agents: int) -> int:
     """The largest odd number <= min(agents, MAX_VOTERS), at least 1: 1 agent -> 1, 2 -> 1, 3-4 -> 3, 5+ -> 5.
-    An even count tolerates no more losses than the odd count below it (notes/pysyncobj.md, item 18)."""
+    An even count tolerates no more losses than the odd count below it (docs/design/pysyncobj.md, pitfall 18)."""
     n = max(1, min(agents, MAX_VOTERS))
     return n if n % 2 else n - 1
 

@@ -18,9 +18,10 @@ class DetectorConfig:
     """How a peer's silence is turned into a suspicion.
 
     Defaults (floor 0.8 s, timeout 1.5 s): a floor well above the heartbeat interval keeps a briefly starved
-    agent from being evicted. The detector sweep in sims/README.md (the seed's transient silences) puts the
-    optimum at 1.5 s with assumed recovery costs and 2 s with measured ones; there the 0.8 s floor suspects
-    13.7 % of silences (goodput 0.843 at MTBF 12 against 0.880 for a fixed 2 s timeout).
+    agent from being evicted. The detector sweep in sims/README.md (under the transient silences of the
+    published churn study it reproduces) puts the optimum at 1.5 s with assumed recovery costs and 2 s with
+    measured ones; there the 0.8 s floor suspects 13.7 % of silences (goodput 0.843 at MTBF 12 against 0.880
+    for a fixed 2 s timeout).
 
     kind: "fixed" suspects a peer silent longer than `timeout`; "phi" suspects it once the phi-accrual
     level of its silence exceeds `phi_threshold`, but never within `floor` and always after `timeout`.

@@ -3,7 +3,7 @@
 Owns: the `GenerationMachine` of the job, a bounded table of request results, and the running hash of the
 Raft log (`log_hash`: every applied entry folded in, so two nodes that applied index i hold the same hash at i;
 kept here so that a joiner bootstrapped from a snapshot continues it). Everything reachable from this object is
-picklable (pysyncobj snapshots it for joiners; pitfall 2 in notes/pysyncobj.md).
+picklable (pysyncobj snapshots it for joiners; pitfall 2 in docs/design/pysyncobj.md).
 Invariants kept:
 - the replicated method `submit` never raises (pitfall 3): any failure becomes a refused Outcome;
 - it is deterministic: no clock, no randomness, no environment; times arrive inside the commands;

@@ -1,7 +1,7 @@
 """Raft node identities: `host:port/nonce`, one per Raft node a process ever starts, never reused in a job.
 
 Owns: the node class pysyncobj builds its nodes from (`NodeId`) and the making and parsing of ids.
-pysyncobj 0.3.17 names a node by its address (notes/pysyncobj.md, items 14-16): a process started later at the
+pysyncobj 0.3.17 names a node by its address (docs/design/pysyncobj.md, pitfalls 14-16): a process started later at the
 same address *is* the old node to everyone else, with an empty log, term 0 and no recorded vote. Here the
 address says only where to dial; the id adds a random nonce made when the node is created, so a later process
 at the same address is a different node, admitted only by a committed add of its own id.

@@ -1,6 +1,7 @@
 """`JobSyncObj`: pysyncobj 0.3.17's SyncObj with Raft's log rules restored and every applied entry observed.
 
-Owns seven narrow corrections of the pinned pysyncobj (notes/pysyncobj.md, item 17 and below) and one hook:
+Owns seven narrow corrections of the pinned pysyncobj (docs/design/pysyncobj.md: pitfall 17 and its list of
+corrections) and one hook:
 
 1. Follower: `SyncObj.__onMessageReceived`, branch `append_entries` with `prevLogIdx`, deletes every entry after
    `prevLogIdx` whenever its log is longer (`if len(prevEntries) > 1: ... self.__deleteEntriesFrom(prevLogIdx

@@ -1,7 +1,7 @@
 """pysyncobj's TCP transport with a two-way node identity, refusals that say why, and keep-alives.
 
 Owns: the handshake of every Raft connection and what is sent on idle ones.
-- Two-way identity (notes/pysyncobj.md, item 15). pysyncobj's dialer names itself and the listener is whoever
+- Two-way identity (docs/design/pysyncobj.md, pitfall 15). pysyncobj's dialer names itself and the listener is whoever
   answers on the port. Here the listener answers with its own node id before anything else, and the dialer
   accepts the connection only when that id is the node it meant to reach; so a new process at a dead node's
   address (a different `host:port/nonce`, see `identity`) is never taken for the dead node.
@@ -12,7 +12,7 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
   connection sends reaches SyncObj.
 - Keep-alives. A tiny message on every verified connection this node sent nothing on for `keepalive_interval` s.
   Without it idle follower-to-follower links hit `connectionTimeout` on their first send after a leader dies,
-  the first vote request is lost and every failover needs a second election round (item 1). Links that carry
+  the first vote request is lost and every failover needs a second election round (pitfall 1). Links that carry
   appends or their answers need none (each side's sends keep the other side's read timer fresh), so an idle
   job's nodes wake only for the appends and the follower-to-follower keep-alives. A keep-alive received is consumed
   here (it never reaches SyncObj, so it calls for no tick), and the node's thread sends the ones due between ticks

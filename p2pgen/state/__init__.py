@@ -1,4 +1,4 @@
-"""Shared state and catch-up (DESIGN.md, "State sync").
+"""Shared state and catch-up (docs/design/state.md).
 
 `SharedState` holds the named tensors, small objects and revision a job agrees on, with cached
 content digests. Each application runs a `StateServer` on its state address; inside

@@ -563,7 +563,7 @@ class P2PGenProcessGroup(dist.ProcessGroup):
 
         def joined() -> list[torch.Tensor]:
             tensors: list[torch.Tensor] = []
-            for w in works:                              # all ran before this (issue order)
+            for w in works:                              # all ran before this (in issue order)
                 tensors.extend(t for t in _flatten(w.get_future().value()))
             return tensors
         return worker().submit(joined, self._record_failure)

@@ -1,4 +1,4 @@
-"""`p2pgen bench channel`: the seed-001 experiment on CPU. Does trusting the sender's completion lose or
+"""`p2pgen bench channel`: the channel fault experiment on CPU. Does trusting the sender's completion lose or
 duplicate messages under faults, and what does exactly-once (receiver consumption log, dedup, resend
 from the log) cost when nothing fails?
 

@@ -1,4 +1,4 @@
-"""`p2pgen chaos`: the membership-transition counterexample benchmark (seed 000, direction 3).
+"""`p2pgen chaos`: the membership-transition counterexample benchmark (docs/benchmarks/chaos.md).
 
 Layout, bottom up:
 - `model`     the exact integer mini-training: every parameter of every revision in closed form.
@@ -9,7 +9,7 @@ Layout, bottom up:
 - `checker`   judges a run against the serial reference and names the semantic failure.
 - `report`    the table (semantic failures first) and its JSON.
 - `cli`       `p2pgen chaos`.
-`--sharded` (issue 16 item 7) adds a sharded object to the mini-training and faults during repartition; the
+`--sharded` adds a sharded object to the mini-training and faults during repartition; the
 checker then also judges every shard a member exposes against the shard of its revision.
 Invariant of the package: a run passes only if every live member ends bit-identical and equal to one
 legal serial history (shards included, in the sharded variant); speed is reported, never judged.

@@ -1,4 +1,4 @@
-"""Fault-injection harness for channels on real processes: the seed-001 experiment on CPU.
+"""Fault-injection harness for channels on real processes (CPU): the messages each mode loses or duplicates.
 
 A *cell* is one (mode, fault, message size): a receiver process and a sender process stream
 seq-stamped, self-checking messages while this process, acting as the agent, injects faults:

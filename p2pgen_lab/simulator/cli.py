@@ -19,7 +19,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("sim", help="simulate a cluster under churn (tables and figures)",
                                 description="Discrete-event churn simulations judged by p2pgen's own detector.")
     sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SIM")
-    churn = sub.add_parser("churn", help="goodput vs MTBF: the seed's table, then p2pgen's design changes")
+    churn = sub.add_parser("churn", help="goodput vs MTBF: the published churn study's table, then p2pgen's "
+                           "design changes")
     _common(churn)
     churn.add_argument("--timeout", type=float, default=None, metavar="S",
                        help="timeout of the row comparing p2pgen with a fixed heartbeat timeout (default: the "

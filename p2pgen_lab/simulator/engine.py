@@ -58,7 +58,7 @@ class Run:
         return _union_length(self._stall_intervals(), self.duration)
 
     def additive_stall_time(self) -> float:
-        """Sum of every stall's length, overlaps counted twice: the seed's (linear) accounting."""
+        """Sum of every stall's length, overlaps counted twice: the published churn study's (linear) accounting."""
         return sum(min(s.end, self.duration) - s.start for s in self.stalls if s.start < self.duration)
 
     def stall_by_kind(self) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 Owns: the scenario parameters and the transient-silence distribution. Invariant: a `Scenario` is
 immutable and fully determines a run together with the seed (`p2pgen_lab.simulator.engine.simulate`).
-Times are in seconds. Rates are for the whole cluster (the seed counts failures per 100 s of the job).
+Times are in seconds. Rates are for the whole cluster (the published churn study counts failures per
+100 s of the job).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Scenario:
     [0, `checkpoint_interval`]).
     """
 
-    name: str = "seed"
+    name: str = "study model"
     size: int = 8
     mtbf: float = 50.0
     process_death_share: float = 0.0
@@ -80,6 +81,6 @@ def fixed_detector(timeout: float, heartbeat_interval: float = 0.1) -> DetectorC
 
 
 def pause_exceedance(timeout: float, median: float, sigma: float) -> float:
-    """P(S > timeout) for the transient-silence distribution (the seed's 'FP rate' column)."""
+    """P(S > timeout) for the transient-silence distribution (the churn study's 'FP rate' column)."""
     z = (math.log(timeout) - math.log(median)) / sigma
     return 0.5 * math.erfc(z / math.sqrt(2.0))

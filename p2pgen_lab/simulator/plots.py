@@ -45,12 +45,12 @@ def detector_figure(r: DetectorResult, path: str | Path) -> None:
     left.plot(TIMEOUTS, [s.reconfig_cost for s in rows], "-o", color="lightcoral",
               label="reconfiguring after deaths")
     left.plot(TIMEOUTS, [s.additive_overhead for s in rows], "-", color="black", lw=2,
-              label="total (additive, as the seed)")
+              label="total (additive, as the study counts)")
     left.plot(TIMEOUTS, [s.overhead for s in rows], "--", color="black", label="total (overlapping stalls merged)")
     ts = sorted(SEED_TIMEOUT_ROWS)
     left.plot(ts, [SEED_TIMEOUT_ROWS[t][2] for t in ts], "s", ms=9, mfc="none", mec="tab:green", mew=2,
-              label="seed's published overhead")
-    left.set(title="Seed model: heartbeat-timeout sweep\n(MTBF 50 s, reconfigure 1 s, heartbeats 0.5 s)",
+              label="the study's published overhead")
+    left.set(title="Churn study's model: heartbeat-timeout sweep\n(MTBF 50 s, reconfigure 1 s, heartbeats 0.5 s)",
              xlabel="heartbeat timeout (s)", ylabel="overhead (share of wall-clock)", ylim=(0, None))
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
@@ -75,7 +75,7 @@ def churn_figure(r: ChurnResult, morphs: list[Run], path: str | Path) -> None:
     fig = plt.figure(figsize=(15, 10), constrained_layout=True)
     fig.get_layout_engine().set(wspace=0.08)
     grid = fig.add_gridspec(2, 2, width_ratios=(1.5, 1))
-    for i, (run, title) in enumerate(zip(morphs, ("seed model", "p2pgen (the agent's default detector)"))):
+    for i, (run, title) in enumerate(zip(morphs, ("study model", "p2pgen (the agent's default detector)"))):
         _morph(fig.add_subplot(grid[i, 0]), run, title)
     _goodput(fig.add_subplot(grid[:, 1]), r)
     _save(fig, path)
@@ -115,9 +115,9 @@ def _goodput(ax: plt.Axes, r: ChurnResult) -> None:
         ax.plot(MTBFS, values, **{"lw": 1.2, "marker": "o", "ms": 5, **styles.get(i, {})}, label=_wrap(label))
     seed_rows = r.ladder[0][1]
     ax.plot(MTBFS, [1 - s.additive_overhead for s in seed_rows], ":", color="black", lw=1.5, marker="x", ms=7,
-            label="seed model, stalls added up (the seed's accounting)")
+            label="study model, stalls added up (the study's accounting)")
     ax.plot(MTBFS, [SEED_MTBF_ROWS[m][1] for m in MTBFS], "s", ms=12, mfc="none", mec="black", mew=2,
-            label="seed's published goodput (additive)")
+            label="the study's published goodput (additive)")
     ax.axhline(0.9, color="gray", ls=":", lw=1, label="goodput 0.9 (the design target)")
     ax.set(xscale="log", xlabel="cluster MTBF (s, log scale)", ylabel="goodput (share of wall-clock kept)",
            title=f"Goodput vs churn, one design change at a time\n(costs: {_source(r)})",

@@ -106,7 +106,7 @@ def _header(spec: RunSpec) -> list[str]:
 
 
 def detector_text(r: DetectorResult) -> str:
-    lines = _header(r.spec) + ["", "## Seed model: heartbeat-timeout sweep (MTBF 50 s)",
+    lines = _header(r.spec) + ["", "## The published churn study's model: heartbeat-timeout sweep (MTBF 50 s)",
                                f"assumptions: {SEED_ASSUMPTIONS}", "",
                                "timeout  detect lat  FP rate  overhead  (additive)  "
                                "| seed: detect lat  FP rate  overhead"]
@@ -117,7 +117,7 @@ def detector_text(r: DetectorResult) -> str:
                      f"({s.additive_overhead:8.4f})  |{ref}")
     opt = TIMEOUTS[r.seed_sweep.index(best(r.seed_sweep))]
     lines += [f"optimum: {opt:g} s (seed: 2.00 s; reconfigure time 1.0 s). 'overhead' merges overlapping stalls; "
-              f"'additive' sums them, as the seed does.", "",
+              f"'additive' sums them, as the study does.", "",
               f"## p2pgen at MTBF {P2PGEN_MTBF:g} s: fixed timeout vs phi-accrual (threshold 8, bound 3 s), "
               f"heartbeats 0.1 s", f"costs: {r.spec.costs.source}", "",
               "detector               detect lat  FP rate  goodput  (min over runs)"]
@@ -131,15 +131,15 @@ def detector_text(r: DetectorResult) -> str:
 
 def churn_text(r: ChurnResult) -> str:
     width = max(len(name) for name, _ in r.ladder)
-    lines = _header(r.spec) + ["", "## Seed model: goodput vs MTBF (timeout 2.0 s)",
+    lines = _header(r.spec) + ["", "## The published churn study's model: goodput vs MTBF (timeout 2.0 s)",
                                f"assumptions: {SEED_ASSUMPTIONS}", "",
                                "MTBF  failures/100 s  goodput  (additive)  | seed: failures/100  goodput"]
     for s, m in zip(r.seed_mtbf, MTBFS):
         f100, gp = SEED_MTBF_ROWS[m]
         lines.append(f"{m:4.0f}  {s.failures_per_100s:14.1f}  {s.goodput:7.3f}  ({1 - s.additive_overhead:7.3f})  |"
                      f"  {f100:17.1f}  {gp:7.3f}")
-    lines += ["", "## From the seed's model to p2pgen, one change at a time (goodput, overlapping stalls merged; "
-                  f"p2pgen = the agent's default detector, {describe_detector(agent_default_detector())}; "
+    lines += ["", "## From the churn study's model to p2pgen, one change at a time (goodput, overlapping stalls "
+                  f"merged; p2pgen = the agent's default detector, {describe_detector(agent_default_detector())}; "
                   f"{r.timeout:g} s is the optimum of the fixed-timeout sweep)", f"costs: {r.spec.costs.source}", "",
               f"{'scenario':{width}s}" + "".join(f"  MTBF {m:<4.0f}" for m in MTBFS)]
     for name, rows in r.ladder:
@@ -184,6 +184,6 @@ MORPH_WINDOW_S = 150.0
 
 
 def morph_runs(r: ChurnResult) -> list[Run]:
-    """A short window of the seed's model and of p2pgen at MTBF 12, same seed: the same failure times."""
+    """A short window of the churn study's model and of p2pgen at MTBF 12, same seed: the same failure times."""
     scenarios = [ladder(r.spec.costs, r.timeout, MORPH_WINDOW_S)[i] for i in (0, P2PGEN_ROW)]
     return [simulate(s.with_(mtbf=P2PGEN_MTBF), r.spec.seed) for s in scenarios]

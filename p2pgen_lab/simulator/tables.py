@@ -1,7 +1,7 @@
-"""The seed's two tables and p2pgen's answer to them, computed by running the simulator.
+"""The two tables of the published churn study and p2pgen's answer to them, computed by running the simulator.
 
 Owns: the scenarios each table runs (their assumptions, stated once here) and the per-row summaries.
-Invariant: every number in a table comes out of `simulate`; the only constants are the seed's published
+Invariant: every number in a table comes out of `simulate`; the only constants are the study's published
 figures (`SEED_*`), kept to be printed beside ours.
 """
 
@@ -19,7 +19,7 @@ from p2pgen_lab.simulator.costs import RecoveryCosts
 from p2pgen_lab.simulator.engine import simulate
 from p2pgen_lab.simulator.model import Scenario, fixed_detector
 
-# The seed's published figures: timeout -> (detect lat, FP rate, overhead); MTBF -> (failures/100, goodput).
+# The churn study's published figures: timeout -> (detect lat, FP rate, overhead); MTBF -> (failures/100, goodput).
 SEED_TIMEOUT_ROWS = {0.5: (0.25, 0.285, 0.3297), 2.0: (1.75, 0.018, 0.0926), 5.0: (4.75, 0.001, 0.1360)}
 SEED_MTBF_ROWS = {200.0: (0.5, 0.964), 50.0: (2.0, 0.907), 12.0: (8.3, 0.670)}
 
@@ -89,7 +89,7 @@ def summarize(scenario: Scenario, runs: int, seed: int) -> Summary:
 
 
 def seed_scenario(duration: float) -> Scenario:
-    return Scenario(name="seed model", duration=duration)
+    return Scenario(name="study model", duration=duration)
 
 
 def p2pgen_scenario(costs: RecoveryCosts, duration: float, quantile: str = "p50",
@@ -143,7 +143,7 @@ def describe_detector(d: DetectorConfig) -> str:
 
 
 def ladder(costs: RecoveryCosts, timeout: float, duration: float) -> list[Scenario]:
-    """From the seed's model to p2pgen, one design change at a time, then alternatives for comparison.
+    """From the churn study's model to p2pgen, one design change at a time, then alternatives for comparison.
     Row P2PGEN_ROW is p2pgen as `p2pgen join` runs by default (the agent's default detector, p50 costs);
     row FIXED_ROW the same with a fixed `timeout` (the detector sweep's optimum) instead."""
     seed = seed_scenario(duration)

@@ -1,4 +1,4 @@
-"""`p2pgen stress`: the churn test in the spirit of PCCL's stress test (issue 12, item 7).
+"""`p2pgen stress`: the churn test in the spirit of PCCL's stress test (docs/benchmarks/stress.md).
 
 Layout, bottom up:
 - `progress`  the file protocol between a training application and the harness: committed steps

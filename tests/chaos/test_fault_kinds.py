@@ -1,4 +1,4 @@
-"""The fault kinds added for whole-host churn (issue 12, item 8) and the Raft checker beside the semantic one.
+"""The whole-host churn fault kinds (`replace_agent`, `kill_two_agents`) and the Raft checker beside the semantic one.
 
 Unit level: the generated matrix injects both new kinds; the report carries the Raft checker's counts.
 Integration: one schedule of the two new kinds under the

@@ -1,4 +1,4 @@
-"""The partition fault kinds of `p2pgen chaos` (issue 13, item 2).
+"""The partition fault kinds of `p2pgen chaos`: `partition`, `partition_one_way` and `partition_majority`.
 
 Unit level: generated schedules inject all three kinds with a heal time of 1-10 s. Integration: one schedule of the
 three kinds under the certified policy on real agents: 0 semantic failures, no progress of a cut-off minority, 0

@@ -1,5 +1,5 @@
-"""`Reformed`: the first entry of a new Raft epoch adopts the seed's state, drops the lost agents' members and
-proposes the survivors; numbers keep going up; it is refused anywhere but at the start of a new log."""
+"""`Reformed`: the first entry of a new Raft epoch adopts the seed agent's state, drops the lost agents' members
+and proposes the survivors; numbers keep going up; it is refused anywhere but at the start of a new log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Integration: real agent processes on 127.0.0.1 (issue 2's "must show" list).
+"""Integration: real agent processes on 127.0.0.1 form a job, replace what dies, admit, evict and refuse.
 
 Each test starts `p2pgen join` processes, drives them with signals (SIGKILL, SIGSTOP/SIGCONT, SIGTERM)
 and checks the replicated state through `show`. Every process is stopped by pid in the fixture.

@@ -1,4 +1,4 @@
-"""Integration: `peer.channel` / `peer.inbox` under agents (issue 6): the receiver is SIGKILLed mid-stream
+"""Integration: `peer.channel` / `peer.inbox` under agents: the receiver is SIGKILLed mid-stream
 and restarted by its agent as a new incarnation; every message is consumed exactly once (I6)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Integration: the Raft control plane under whole-host churn (issue 12), on real agent processes.
+"""Integration: the Raft control plane under whole-host churn, on real agent processes.
 
 Agents here are trivial members (no application): what is under test is the Raft group itself. Every test reads
 the job through `show` and checks, besides its own claim, that the agents' running log hashes agree wherever two

@@ -1,4 +1,4 @@
-"""Integration: network partitions as a fault (issue 13, item 2), injected through `$P2PGEN_FAULTS` on 127.0.0.1.
+"""Integration: network partitions as a fault, injected through `$P2PGEN_FAULTS` on 127.0.0.1.
 
 Five agents train the exact integer mini-training (every agent a voter). Agents p3 and p4 are cut off from p0-p2
 (both ways, only what p3 and p4 send, or only what they receive). The claims:

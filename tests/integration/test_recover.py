@@ -1,4 +1,4 @@
-"""Integration: `p2pgen recover` after a majority of Raft voters is lost for good (issue 13, item 1).
+"""Integration: `p2pgen recover` after a majority of Raft voters is lost for good.
 
 Five agents train the exact integer mini-training (every agent a voter); three of them are SIGKILLed at once, so the
 two survivors can commit nothing. `recover` first refuses while the majority still answers; after the kill it

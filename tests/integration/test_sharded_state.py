@@ -1,4 +1,4 @@
-"""Integration: transactional repartition of sharded state across membership changes (issue 16, item 2).
+"""Integration: transactional repartition of sharded state across membership changes.
 
 Four members run `apps/sharded_train.py`: a replicated vector w and a sharded vector m (4 shards, r = 2,
 ZeRO-1 style). Then one application is killed (its agent restarts it: the new incarnation restored its local

@@ -1,4 +1,4 @@
-"""Integration: the step loop on real processes (issue 4's "must show").
+"""Integration: the step loop on real processes ends at the serial reference through kills and a join.
 
 Four members run the exact integer mini-training of `apps/exact_train.py` under their agents. One is
 killed in the middle of a step, one between its all-reduce and its commit; a fifth peer joins. Every

@@ -1,5 +1,5 @@
 """Integration: examples/zero1_spot.py (AdamW state sharded with r = 2) through 4 -> 3 -> 5 members and a kill
-of both owners of one shard, ending equal to the unsharded single-process reference (issue 16, item 6).
+of both owners of one shard, ending equal to the unsharded single-process reference.
 
 The test also records optimizer memory per member (bytes of the AdamW moments each member holds at the end
 against the total), the figure the README quotes.

@@ -1,4 +1,4 @@
-"""What reaches the application from `peer.steps()` when its agent has trouble (issue 12, item 4).
+"""What reaches the application from `peer.steps()` when its agent has trouble.
 
 The agent here is a double: the real generation machine applied in-process (no Raft), served over the
 real authenticated RPC on a real port, with faults on demand. The contract under test (peer.py's

@@ -1,4 +1,4 @@
-"""torch.distributed collective checks against the p2pgen backend (issue 9's "must show", part 2).
+"""torch.distributed collective checks against the p2pgen backend.
 
 Three member processes each run tests/torch/dist_checks.py's CHECKS through the public
 torch.distributed API on the `p2pgen` group; each check is one test here, passing only when it passed

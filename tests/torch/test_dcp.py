@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint of an FSDP2 state dict over p2pgen (issue 18, item 6), on a fixed p2pgen group:
+"""torch.distributed.checkpoint of an FSDP2 state dict over p2pgen, on a fixed p2pgen group:
 two members train and save their sharded model and optimizer state with DCP; three members load it into a
 model built from another seed (DCP re-shards 2 -> 3) and end with exactly the saved full parameters and
 momentum buffers. (examples/fsdp_spot.py's `--save-at`/`--resume`, a job restored from such a checkpoint

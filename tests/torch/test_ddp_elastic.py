@@ -1,4 +1,4 @@
-"""DDP on p2pgen across generation changes, on real processes (issue 9's "must show", part 1).
+"""DDP on p2pgen across generation changes, on real processes.
 
 Three members run examples/ddp_elastic.py (a float64 MLP in p2pgen.torch.DistributedDataParallel) under
 their agents. p1 SIGKILLs itself just before backward at revision 5, so the others are in the middle of

@@ -1,4 +1,4 @@
-"""FSDP2 on p2pgen across generation changes, on real processes (issue 18's "must show", item 5).
+"""FSDP2 on p2pgen across generation changes, on real processes.
 
 Three members run examples/fsdp_spot.py (a float64 transformer sharded with fully_shard on each generation's
 mesh). p1 SIGKILLs itself just before backward at revision 3, so the others are inside FSDP2's collectives

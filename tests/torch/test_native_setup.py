@@ -1,4 +1,4 @@
-"""torch-native setup (issue 17, item 6): under `p2pgen join`, `dist.init_process_group("p2pgen")` with no
+"""torch-native setup: under `p2pgen join`, `dist.init_process_group("p2pgen")` with no
 other argument joins the job, `dist.get_rank()`/`get_world_size()` follow the generation, and an ordinary DDP
 script (examples/ddp_elastic.py) needs only its loop wrapped in `peer.steps()`; outside an agent the same
 call fails saying how to start the script. `shared_tensors` is what a joiner pulls.
