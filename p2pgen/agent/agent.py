@@ -174,6 +174,7 @@ class Agent:
         self._standby: Application | None = None    # the warm standby, not yet promoted (--standby 1)
         self._agents: set[str] = set()            # heartbeat targets (see _heartbeat_targets)
         self._agents_lock = threading.Lock()
+        self._known: tuple[RaftView | None, tuple[str, ...]] = (None, ())    # _known_agents of the last view
         host, port = split_addr(self.addr)
         self.rpc = RpcServer(host, port, config.job, config.secret, self._handlers())
         self.heartbeats = HeartbeatRunner(host, port, derive_key(config.secret, config.job, "heartbeat"),
@@ -183,7 +184,8 @@ class Agent:
                                           lambda peer, old, new: self._agent_lost(
                                               peer, old, f"replaced by a new agent process ({new})", proven=True),
                                           on_refused=lambda peer, inst, why: self._agent_lost(peer, inst, why,
-                                                                                              proven=True))
+                                                                                              proven=True),
+                                          watch=self._heartbeat_watch)
         self.membership.on_link_lost = self._raft_link_lost
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
@@ -702,10 +704,28 @@ class Agent:
         """Every agent of the job: the voters' and the members' agents, and any agent heard as one of them
         before and not suspected since (an agent between two incarnations of its member stays a target)."""
         view = self.membership.view()
-        current = set(self._known_agents(view)) if view else set()
+        current = set(self._known_agents_of(view))
         with self._agents_lock:
             self._agents = (self._agents - self.heartbeats.suspected()) | current
             return set(self._agents)
+
+    def _heartbeat_watch(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """What the heartbeats choose the agents they judge from (`p2pgen.core.heartbeats.watched`): the job's
+        agents and the voters' agents, from the committed log. None (judge every agent) while this agent has no
+        view, and while its node leads: the leader's agent watches every agent, so each one is judged by an agent
+        whose suspicion can commit whichever of its ring neighbours failed with it."""
+        view = self.membership.view()
+        if view is None or view.is_leader:
+            return None
+        return frozenset(self._known_agents_of(view)), frozenset(control_addr_of(n) for n in view.nodes)
+
+    def _known_agents_of(self, view: RaftView | None) -> tuple[str, ...]:
+        """`_known_agents(view)`, computed once per view (the heartbeats ask every round)."""
+        last, known = self._known
+        if view is not last:
+            known = self._known_agents(view)
+            self._known = (view, known)
+        return known
 
     def live_agents(self) -> list[str]:
         """Control addresses of the agents this one currently hears, itself included."""

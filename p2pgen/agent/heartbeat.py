@@ -1,9 +1,17 @@
 """Heartbeats between agents and the runner of the failure detector.
 
 Owns: a UDP socket on the agent's control address, signed heartbeats sent to every other agent of the job,
-the arrival history, what each agent last announced (`Announcement`: its process instance, the Raft node it
-runs, whether it may be promoted to voter), and the calls to the pure `p2pgen.detect.suspects` decision.
+the arrival history of the agents it watches, what each of them last announced (`Announcement`: its process
+instance, the Raft node it runs, whether it may be promoted to voter), and the calls to the pure
+`p2pgen.detect.suspects` decision.
 Invariants kept:
+- every agent sends to every other, but judges only those it watches (`p2pgen.core.heartbeats.watched`: all of
+  them up to WATCH_FANOUT others; beyond, its ring neighbours and the voters' agents; the Raft leader's agent
+  watches every agent), plus every agent it knows only from heartbeats or from before (a joiner, an agent
+  between two incarnations of its member) and, while the local application reports its collective stalled, the
+  agents it waits for. A packet from an agent it does not watch is dropped before its signature is checked.
+  Since the senders do not depend on who watches them, agents that disagree for a moment on the job's agents
+  can judge a few more or fewer peers, never a peer that does not send to them;
 - a heartbeat that is not signed with the job's key is ignored (I8): an outsider can neither keep a dead
   peer alive nor get one evicted. A signed heartbeat from an agent that is not a target yet (a joiner whose
   member is not registered) makes it one, so both sides hear each other from the joiner's first beat;
@@ -58,8 +66,8 @@ from dataclasses import dataclass
 import msgpack
 
 from p2pgen import faults
-from p2pgen.auth import prove, verify
-from p2pgen.core.heartbeats import hears_no_one
+from p2pgen.auth import Prover
+from p2pgen.core.heartbeats import hears_no_one, watched
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
 
@@ -75,6 +83,7 @@ HINT_WINDOW = 2                   # heartbeat intervals a hinted target's refusa
 HINT_RECHECK_S = 0.005            # how often, meanwhile (an ICMP answer takes one round trip)
 SO_TIMESTAMPNS = 35               # Linux: stamp each datagram with its arrival time (struct timespec)
 ANCILLARY_BYTES = socket.CMSG_SPACE(16)
+WatchPlan = tuple[frozenset[str], frozenset[str]]   # (the job's agents from the committed log, the voters' agents)
 
 
 def _ask_kernel_stamps(sock: socket.socket) -> None:
@@ -110,9 +119,20 @@ class HeartbeatRunner:
                  targets: Callable[[], set[str]], on_suspect: Callable[[str, str, str], None],
                  announce: Callable[[], Announcement],
                  on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None,
-                 on_refused: Callable[[str, str, str], None] | None = None) -> None:
+                 on_refused: Callable[[str, str, str], None] | None = None,
+                 watch: Callable[[], WatchPlan | None] = lambda: None) -> None:
+        """Args (beyond the obvious):
+            targets: every agent of the job (heartbeats go to each).
+            watch: (the job's agents read from the committed log, the voters' agents), from which the agents this
+                one judges are chosen (`p2pgen.core.heartbeats.watched`); None: judge every target.
+        """
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
+        self._watch = watch
+        self._watch_plan: WatchPlan | None = None          # the last plan given, and the agents it watches
+        self._watched: frozenset[str] = frozenset()
+        self._unwatched: set[str] = set()                  # targets not judged now: their packets are dropped
+        self._prover = Prover(key)
         self._on_refused = on_refused or on_suspect      # a suspicion proven by a refusal (default: like any other)
         self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
@@ -201,6 +221,22 @@ class HeartbeatRunner:
             for target in targets:
                 self._stalled_until[target] = max(until, self._stalled_until.get(target, 0.0))
 
+    def _plan(self) -> tuple[set[str], set[str]]:
+        """(the agents heartbeats go to, the agents judged); see the module docstring."""
+        send_to = (self._targets() | self._callers()) - {self.self_addr}
+        plan = self._watch()
+        if plan is None:
+            judged = send_to
+        else:
+            if plan != self._watch_plan:
+                self._watch_plan, self._watched = plan, watched(self.self_addr, *plan)
+            with self._lock:
+                self._joined -= plan[0]                   # a joiner that registered: the ring decides from now on
+                stalled = set(self._stalled_until)
+            judged = send_to & (self._watched | (send_to - plan[0]) | stalled)
+        self._unwatched = send_to - judged
+        return send_to, judged
+
     def _stalled_now(self, now: float) -> frozenset[str]:
         with self._lock:
             for target in [t for t, until in self._stalled_until.items() if until <= now]:
@@ -238,25 +274,22 @@ class HeartbeatRunner:
         elif self._reset_requested:
             self._reset_requested = False
             self._forgive(now)
-        targets = self._all_targets()
+        send_to, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
         self._judge(targets, time.monotonic())
-        self._send(targets)
+        self._send(send_to, targets)
 
     def _hint_turn(self, now: float) -> None:
         """Between rounds: probe newly hinted targets, take what arrived, look for their refusals. The targets
         are tracked as in a round (one that joined since the last round gets its history first)."""
-        targets = self._all_targets()
+        _, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)              # an arrival after a probe left says the target lives
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
-
-    def _all_targets(self) -> set[str]:
-        return (self._targets() | self._callers()) - {self.self_addr}
 
     def _probe_hinted(self, targets: set[str]) -> None:
         """Send a heartbeat on a connected socket to each hinted target not yet probed for its hint."""
@@ -320,16 +353,17 @@ class HeartbeatRunner:
         me = self._announce()
         unheard = sorted(self.suspected() | self._silent)[:MAX_UNHEARD]
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
-        return body + prove(self.key, body)
+        return body + self._prover.prove(body)
 
-    def _send(self, targets: set[str]) -> None:
+    def _send(self, send_to: set[str], judged: set[str]) -> None:
+        """Send this round's heartbeat to every agent of `send_to`; a silent one of `judged` gets it on its probe."""
         packet = self._packet()
         silent_since = time.monotonic() - PROBE_AFTER * self.config.heartbeat_interval
-        for target in targets:
+        for target in send_to:
             if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
                 continue
             host, _, port = target.rpartition(":")
-            if (target in self._probes or self._history.stats(target).last < silent_since) and \
+            if target in judged and (target in self._probes or self._history.stats(target).last < silent_since) and \
                     self._probe(target, (host, int(port)), packet):
                 continue
             try:
@@ -404,11 +438,15 @@ class HeartbeatRunner:
         return hint
 
     def _receive(self, targets: set[str]) -> None:
-        """Take every heartbeat waiting in the socket (at most 1024 in one round), each at its arrival time."""
+        """Take every heartbeat waiting in the socket (at most 1024 in one round), each at its arrival time; drop
+        those whose source is an agent not judged now, unread (its address as the agents name it: HOST:PORT)."""
         clock_offset = time.monotonic() - time.time()      # kernel stamps are wall-clock; histories are monotonic
+        unwatched = self._unwatched
         for _ in range(1024):
             try:
-                packet, ancillary, _, _ = self._sock.recvmsg(MAX_PACKET + 1, ANCILLARY_BYTES)
+                packet, ancillary, _, source = self._sock.recvmsg(MAX_PACKET + 1, ANCILLARY_BYTES)
+                if unwatched and f"{source[0]}:{source[1]}" in unwatched:
+                    continue
             except BlockingIOError:
                 return
             except OSError as e:                 # closed by stop(), or an ICMP error for an earlier send
@@ -427,7 +465,7 @@ class HeartbeatRunner:
         if len(packet) > MAX_PACKET:
             return self._drop("oversized", f"a packet of more than {MAX_PACKET} bytes")
         body, tag = packet[:-TAG_BYTES], packet[-TAG_BYTES:]
-        if len(packet) <= TAG_BYTES or not verify(self.key, tag, body):
+        if len(packet) <= TAG_BYTES or not self._prover.verify(tag, body):
             return self._drop("forged", "not signed with this job's heartbeat key")
         try:
             job, sender, seq, instance, node, eligible, unheard = msgpack.unpackb(body)
@@ -442,8 +480,8 @@ class HeartbeatRunner:
             return self._drop("malformed", str(e))
         if job != self.job:
             return self._drop("wrong_job", f"a heartbeat of job {job!r}")
-        if faults.blocked(sender, self.self_addr):
-            return                                   # an injected partition: not a refusal
+        if faults.blocked(sender, self.self_addr) or sender in self._unwatched:
+            return                                   # an injected partition (not a refusal), or not judged here
         if sender == self.self_addr or self._replayed(sender, heard.instance, seq):
             return self._drop("replayed", f"heartbeat {seq} of {sender} ({heard.instance}) was heard before")
         if sender not in targets:

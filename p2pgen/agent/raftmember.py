@@ -43,6 +43,7 @@ NONVOTER_SYNC_TIMEOUT_S = 5.0      # a non-voting node that found no leader by t
 WAITING_LOG_EVERY_S = 5.0
 WAITING_QUIET_S = 2.0               # a wait shorter than this (formation, a quick join) is not logged
 BACKOFF_MAX_S = 2.0
+REFUSED_RECENT_S = 2.0              # refusals this recent, with no leader heard, say a voter is not one
 
 
 class JoinError(P2PGenError):
@@ -70,6 +71,16 @@ class Hello:
     def parse(addr: str, raw: dict) -> Hello:
         return Hello(addr, raw["mode"], tuple(raw.get("cluster", ())), raw.get("node") or "",
                      tuple(raw.get("voters", ())), int(raw.get("epoch", 0)))
+
+
+def _refused_without_leader(view: RaftView | None) -> str | None:
+    """Who refused a voter that has never heard a leader, within the last REFUSED_RECENT_S: the others do not
+    count it as a voter (the leader removed it before it caught up, or the job formed without it), so it never
+    will hear one; None otherwise."""
+    if view is None or view.leader is not None:
+        return None
+    recent = [r for r in view.refusals if time.monotonic() - r[0] < REFUSED_RECENT_S]
+    return f"{recent[-1][1]} ({recent[-1][2]})" if recent else None
 
 
 class RaftMembership:
@@ -106,10 +117,14 @@ class RaftMembership:
         return node.view() if node is not None else None
 
     def announced_node(self) -> str:
-        """The voter id this agent runs (or is about to run, while promoted), "" for a non-voting member."""
-        pending, node = self._pending, self.node
+        """The voter id this agent runs or is about to run (while promoted, or while its formation voter waits for
+        its first leader), "" for a non-voting member. A voter of the configuration whose agent announced "" would be
+        removed by the leader as replaced by a non-voting member, and would then wait for a leader for ever."""
+        pending, launching, node = self._pending, self._launching, self.node
         if pending is not None:
             return pending.node_id
+        if launching is not None and launching.node_id:
+            return launching.node_id
         return node.node_id if node is not None and node.node_id else ""
 
     def caught_up(self) -> bool:
@@ -218,8 +233,12 @@ class RaftMembership:
     def _await_leader(self, node: RaftNode, node_id: str | None, voters: list[str], why: str) -> bool:
         if node_id is not None:
             while node.wait_view(lambda v: v.ready and v.leader is not None, WAITING_LOG_EVERY_S) is None:
-                if self._stopping():             # a voter is never restarted under its id: it waits, or ends
+                refused = _refused_without_leader(node.view())
+                if self._stopping() or refused:  # a voter is never restarted under its id: it waits, or ends
                     node.stop()
+                    if refused:
+                        self.wait_because(f"voter {node_id} found no leader and is refused by {refused}: joining "
+                                          "as a non-voting member instead")
                     return False
                 self.wait_because(f"voter {node_id} waits for a Raft leader among {', '.join(voters) or 'itself'}")
         elif node.wait_view(lambda v: v.ready and v.leader is not None, NONVOTER_SYNC_TIMEOUT_S) is None:
@@ -305,7 +324,7 @@ class RaftMembership:
             return None
         if view.removed:
             return f"voter {view.node_id} applied its own removal"
-        recent = [r for r in view.refusals if time.monotonic() - r[0] < 2.0]
+        recent = [r for r in view.refusals if time.monotonic() - r[0] < REFUSED_RECENT_S]
         if recent and view.leader is None:
             return f"voter {view.node_id} is refused by {recent[-1][1]}: {recent[-1][2]}"
         return None

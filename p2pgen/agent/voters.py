@@ -25,7 +25,8 @@ from p2pgen.errors import P2PGenError
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.25              # a look at least this often; `poke` (a suspicion, a new Raft view) makes one at once
+TICK_S = 0.25              # a look at least this often while leading; `poke` (a suspicion, a new view) makes one now
+IDLE_TICK_S = 5.0          # otherwise: only a new view matters then (it pokes), and one that makes this node lead
 HOLD_BACK_S = 5.0          # after a failed promotion, leave that agent alone for this long
 
 
@@ -37,6 +38,7 @@ class VoterManager:
         self._first_seen: dict[str, float] = {}        # voter id -> when this agent first saw it configured
         self._held_back: dict[str, float] = {}         # agent addr -> until when
         self.last_decision: VoterDecision | None = None
+        self._leading = False                          # this agent's node led at the last look
         self._stop = threading.Event()
         self._poked = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voter-manager", daemon=True)
@@ -56,7 +58,7 @@ class VoterManager:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._poked.wait(TICK_S)
+            self._poked.wait(TICK_S if self._leading else IDLE_TICK_S)
             self._poked.clear()
             if self._stop.is_set():
                 return
@@ -77,6 +79,7 @@ class VoterManager:
             self._first_seen.setdefault(voter, now)
         for gone in set(self._first_seen) - set(view.nodes):
             del self._first_seen[gone]
+        self._leading = view.is_leader
         if not view.is_leader or self._leaving():
             return
         decision = plan_voters(self._voters(view.nodes), view.node_id, self._live(view.node_id),

@@ -1,17 +1,27 @@
-"""The heartbeat verdicts an agent's shells act on, as pure functions: whether a lost agent is acted on, and
-whether an agent that hears none of its peers may blame any of them.
+"""The heartbeat verdicts an agent's shells act on, as pure functions: whether a lost agent is acted on, whether
+an agent that hears none of its peers may blame any of them, and which agents' heartbeats an agent judges.
 
 Owns no state: the heartbeat runner (`p2pgen.agent.heartbeat`) and the agent's heartbeat callback
 (`p2pgen.agent.agent.Agent._agent_lost`) gather the facts and call these. Invariants kept:
 - a silence judged while this agent has no Raft node is never acted on (it could not know the job then, and what
   it heard says more about itself than about the others); a proof (a refusal, a new process at the address) is;
 - an agent that suddenly hears none of at least two peers blames none of them: its own deafness is likelier than
-  their failing together.
+  their failing together;
+- `watched` is a function of the agent and the sets only, so agents that know the same job agree on who watches
+  whom: in a job of more than WATCH_FANOUT other agents, each agent is watched by its WATCH_FANOUT neighbours in
+  the job's fixed ring order (the relation is symmetric), by every agent when it runs a voter, and always by the
+  Raft leader's agent (which watches every agent: its caller passes no ring); up to WATCH_FANOUT others, every
+  agent watches every other, as before.
 """
 
 from __future__ import annotations
 
-__all__ = ["acts_on_loss", "hears_no_one"]
+import hashlib
+from collections.abc import Iterable
+
+__all__ = ["WATCH_FANOUT", "acts_on_loss", "hears_no_one", "watched"]
+
+WATCH_FANOUT = 8        # ring neighbours an agent judges once the job has more other agents than this
 
 
 def acts_on_loss(has_node: bool, proven: bool) -> bool:
@@ -36,3 +46,32 @@ def hears_no_one(others: int, quiet_for: float, floor: float) -> bool:
         floor: the detector's floor (seconds).
     """
     return others >= 2 and quiet_for > floor / 2
+
+
+def _ring_key(agent: str) -> bytes:
+    """The agent's place in the ring: a hash of its address, so that neighbours in the ring are spread over the
+    address space (the agents of one rack or one subnet do not watch only each other)."""
+    return hashlib.blake2b(agent.encode(), digest_size=8).digest()
+
+
+def watched(me: str, ring: Iterable[str], always: Iterable[str], fanout: int = WATCH_FANOUT) -> frozenset[str]:
+    """The agents of the job whose heartbeats `me` judges.
+
+    Args:
+        me: this agent's control address (in `ring` or not).
+        ring: the job's agents, as every agent reads them from the committed log.
+        always: agents watched whatever the ring (the voters' agents).
+        fanout: ring neighbours watched once `ring` holds more than this many others (even; at least 2).
+
+    Raises:
+        ValueError: `fanout` is odd or below 2 (the relation must be symmetric).
+    """
+    if fanout < 2 or fanout % 2:
+        raise ValueError(f"fanout must be an even number of at least 2, got {fanout}")
+    others = frozenset(ring) - {me}
+    near = others
+    if len(others) > fanout:
+        order = sorted(others | {me}, key=lambda agent: (_ring_key(agent), agent))
+        at, size = order.index(me), len(order)
+        near = frozenset(order[(at + step) % size] for step in range(-fanout // 2, fanout // 2 + 1) if step)
+    return near | (frozenset(always) - {me})

@@ -7,6 +7,10 @@ Invariants kept:
 - only the node's own thread touches the SyncObj (getStatus and the state machine are not
   thread-safe, pitfall 13): other threads talk to it through a queue (and a pipe that wakes its poll, so
   the thread can sleep a whole append period between ticks when nothing happens) and read published views;
+- the thread turns (ticks SyncObj, drives requests, publishes) when a timer is due or something happened that a
+  turn acts on: a message that changed Raft's state or arrived while an entry is not yet applied, a link event, a
+  submission. A wake-up for anything else (an idle heartbeat or its ack, a keep-alive) is handled in the poll and
+  the thread sleeps on, sending the keep-alives that fall due meanwhile (`_sleep`);
 - a submitted command is retried with the *same* request id until a result arrives or the deadline
   passes (async callbacks can be lost on leader changes, pitfall 4), so it is applied at most once;
 - traffic is encrypted with a password derived from the job secret, the server binds only the given
@@ -263,7 +267,7 @@ class RaftNode:
         self._started.set()
         try:
             while not self._stop.is_set():
-                self._so._poller.poll(self._turn())      # sleep until a message, a submission or the next timer
+                self._sleep(self._turn())                # until a message, a submission or the next timer
         except Exception:
             log.exception("raft node %r crashed", self)
         finally:
@@ -297,6 +301,28 @@ class RaftNode:
         self._answer_published()
         self._trace.maybe_flush()
         return self._wait_s()
+
+    def _sleep(self, wait: float) -> None:
+        """Poll for `wait` seconds, or until something a turn acts on happened: a message that calls for a tick
+        (`JobSyncObj.messages_handled`), a link or refusal event (`NodeTransport.events`), a wake-up by another
+        thread, or a change of the leader this node would publish. Keep-alives due meanwhile are sent from here,
+        riding on the wake-ups messages cause; the thread wakes for them alone only once they are a keep-alive
+        interval late (at most two intervals between them, well inside `connectionTimeout`).
+
+        Args:
+            wait: seconds until the next thing on a clock (`_wait_s`).
+        """
+        so, transport, waker = self._so, self._so._SyncObj__transport, self._wake
+        until = so_monotonic() + wait
+        while not self._stop.is_set():
+            marks = (so.messages_handled, transport.events, waker.woken if waker is not None else 0)
+            now = so_monotonic()
+            so._poller.poll(max(0.0, min(until, transport.keepalive_due() + transport.keepalive_interval) - now))
+            if so_monotonic() >= until or \
+                    marks != (so.messages_handled, transport.events, waker.woken if waker is not None else 0) or \
+                    self._view is None or self._fresh_leader() != self._view.leader:
+                return
+            transport.send_keepalives()
 
     def _campaign_soon(self, dead_leader: str) -> None:
         so = self._so
@@ -526,6 +552,7 @@ class _Waker:
         os.set_blocking(self._write, False)
         self._lock = threading.Lock()            # a notify never writes into a closed (possibly reused) fd
         self._closed = False
+        self.woken = 0                            # wake-ups taken (read by the node's thread)
         poller.subscribe(self._read, self._drain, POLL_EVENT_TYPE.READ)
 
     def notify(self) -> None:
@@ -538,6 +565,7 @@ class _Waker:
                 pass
 
     def _drain(self, descr: int, event_mask: int) -> None:
+        self.woken += 1
         try:
             while os.read(self._read, 4096):
                 pass

@@ -1,6 +1,6 @@
 """`JobSyncObj`: pysyncobj 0.3.17's SyncObj with Raft's log rules restored and every applied entry observed.
 
-Owns six narrow corrections of the pinned pysyncobj (docs/design/pysyncobj.md: pitfall 17 and its list of
+Owns seven narrow corrections of the pinned pysyncobj (docs/design/pysyncobj.md: pitfall 17 and its list of
 corrections) and one hook:
 
 1. Follower: `SyncObj.__onMessageReceived`, branch `append_entries` with `prevLogIdx`, deletes every entry after
@@ -32,12 +32,23 @@ corrections) and one hook:
 6. A tick ends in a poll that handles the messages already waiting (`SyncObj._onTick`: `self._poller.poll(
    timeToWait)`, here with 0), but what they call for (a leader advancing its commit index on an ack or appending
    a forwarded command, a follower applying a newer commit index) happens only at the next tick. `messages_handled`
-   counts the messages handled so that the node's thread ticks again at once instead of sleeping until its next
-   timer (up to the 0.15 s append period: a tenth to a quarter of the submits through a follower took ~155 ms
-   instead of ~5 ms).
+   counts the messages that call for a tick so that the node's thread ticks again at once instead of sleeping until
+   its next timer (up to the 0.15 s append period: a tenth to a quarter of the submits through a follower took
+   ~155 ms instead of ~5 ms). A message that calls for none is not counted: one after which Raft's state (term,
+   role, leader, vote, log, commit and applied indexes, configuration, readiness) is what it was, while every
+   entry is committed and applied: an idle leader's heartbeat as its follower handles it, the follower's ack as the
+   leader does (only these two kinds: a forwarded command, a vote, anything else always counts). Everything such
+   a message does happens in its handler (the election deadline, the reply, the
+   leader's response times); the node's thread then sleeps on without a tick (`RaftNode`).
 7. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
    command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
    node grants passes through `on_vote(term, candidate, request)` (for the trace).
+8. Leader: an idle heartbeat goes to a non-voting member every other append period. It votes for nothing, so
+   what it needs from an idle leader is only to keep hearing it (its agent's fence publishes a leader heard within
+   the longest election timeout, 1 s; the period is 0.15 s) and to keep its connection read within the 1 s
+   `connectionTimeout`; each heartbeat and its ack cost the leader a message each way, per member (31 at 32
+   agents). A member the leader has anything new for (an entry past its next index, a commit index or a term it
+   was not sent) gets the append at once, as before (5).
 Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
 backwards.
 """
@@ -51,6 +62,8 @@ from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
 
 OnApplied = Callable[[int, int, bytes, Any], None]
+ROUTINE = frozenset({"append_entries", "next_node_idx"})   # may call for no tick (6); any other message does
+READONLY_IDLE_PERIODS = 1.5     # an idle non-voting member sent nothing within this many append periods gets one (8)
 
 
 class JobSyncObj(SyncObj):
@@ -62,12 +75,30 @@ class JobSyncObj(SyncObj):
         self._change_pending: tuple[int, int] | None = None     # (term, index) of the last change appended
         self.leader_heard_at = 0.0                                  # pysyncobj's clock: the last append of a leader
         self.messages_handled = 0                                   # 6: read by the node's loop around each tick
+        self._readonly_told: dict = {}                              # 8: node -> ((term, commit) sent, when)
         super().__init__(*args, **kwargs)
 
     # --- 1 and 2: the message handler ---------------------------------------------------------------
 
     def _SyncObj__onMessageReceived(self, node, message):     # overrides SyncObj.__onMessageReceived
-        self.messages_handled += 1
+        before = self._raft_state()
+        self._handle(node, message)
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind not in ROUTINE or self._raft_state() != before or not self._settled():
+            self.messages_handled += 1
+
+    def _raft_state(self) -> tuple:
+        """What a tick after a message could act on (see 6 above)."""
+        return (self._SyncObj__raftCurrentTerm, self._SyncObj__raftState, self._SyncObj__raftLeader,
+                self._SyncObj__votedForNodeId, self._SyncObj__getCurrentLogIndex(), self._SyncObj__raftCommitIndex,
+                self._SyncObj__raftLastApplied, len(self._SyncObj__otherNodes), self._SyncObj__onReadyCalled)
+
+    def _settled(self) -> bool:
+        """Every entry of the log is committed and applied: an ack or a heartbeat calls for no tick."""
+        return (self._SyncObj__onReadyCalled and
+                self._SyncObj__getCurrentLogIndex() == self._SyncObj__raftCommitIndex == self._SyncObj__raftLastApplied)
+
+    def _handle(self, node, message) -> None:
         if not isinstance(message, dict) or "type" not in message:
             return
         kind = message["type"]
@@ -151,6 +182,32 @@ class JobSyncObj(SyncObj):
         super()._checkCommandsToApply()
         if self._isLeader() and self._SyncObj__getCurrentLogIndex() != before:
             self._SyncObj__sendAppendEntries()
+
+    # --- 8: idle heartbeats to non-voting members every other period ---------------------------------
+
+    def _SyncObj__sendAppendEntries(self):                      # overrides SyncObj.__sendAppendEntries
+        readonly = self._SyncObj__readonlyNodes
+        told, now = self._readonly_told, monotonic_time()
+        mark = (self._SyncObj__raftCurrentTerm, self._SyncObj__raftCommitIndex)
+        idle = {node for node in readonly if self._told_recently(node, mark, now)}
+        readonly.difference_update(idle)
+        try:
+            super()._SyncObj__sendAppendEntries()
+        finally:
+            readonly.update(idle & self._SyncObj__connectedNodes)
+        for node in list(told):
+            if node not in readonly:
+                del told[node]
+        for node in readonly - idle:
+            told[node] = (mark, now)
+
+    def _told_recently(self, node, mark: tuple[int, int], now: float) -> bool:
+        """The non-voting member `node` was sent this term and commit index within READONLY_IDLE_PERIODS append
+        periods, and holds every entry."""
+        told = self._readonly_told.get(node)
+        return (told is not None and told[0] == mark
+                and now - told[1] < READONLY_IDLE_PERIODS * self._SyncObj__conf.appendEntriesPeriod
+                and self._SyncObj__raftNextIndex.get(node, 0) > self._SyncObj__getCurrentLogIndex())
 
     def _SyncObj__applyLogEntries(self):                        # overrides SyncObj.__applyLogEntries
         before = self.raftLastApplied

@@ -14,7 +14,11 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
   Without it idle follower-to-follower links hit `connectionTimeout` on their first send after a leader dies,
   the first vote request is lost and every failover needs a second election round (pitfall 1). Links that carry
   appends or their answers need none (each side's sends keep the other side's read timer fresh), so an idle
-  job's nodes wake only for the appends and the follower-to-follower keep-alives. SyncObj ignores unknown types.
+  job's nodes wake only for the appends and the follower-to-follower keep-alives. A keep-alive received is consumed
+  here (it never reaches SyncObj, so it calls for no tick), and the node's thread sends the ones due between ticks
+  (`send_keepalives`, `keepalive_due`).
+- Link events. `events` counts what the node's thread must tick for: a link verified or closed, a refusal given
+  or received; the thread sleeps on through a wake-up that changed none of it (`RaftNode`).
 - Lost links. When a connection to a voter that finished the handshake closes, `on_link_lost(node id)` is called (on the
   node's thread): a peer whose process died closes it at once (its kernel does), which is a hint, not a proof,
   for whoever can check faster than a timeout (the agent probes that node's agent at once).
@@ -53,6 +57,7 @@ class NodeTransport(TCPTransport):
         self.refused: Counter[str] = Counter()        # connections this node refused, by kind
         self.refusals_received: deque[tuple[float, str, str]] = deque(maxlen=32)   # (when, by node, reason)
         self.on_link_lost: Callable[[str], None] = lambda node_id: None
+        self.events = 0                                # link and refusal events, for the node's thread
         super().__init__(syncObj, selfNode, otherNodes)
 
     @property
@@ -80,8 +85,10 @@ class NodeTransport(TCPTransport):
         node = self._connToNode(conn)
         if node is not None:
             self._verified.add(node)
+            self.events += 1
 
     def _refuse(self, conn, kind: str, reason: str) -> None:
+        self.events += 1
         self.refused[kind] += 1
         log.info("refused a Raft connection (%s): %s", kind, reason)
         conn.send({"type": REFUSED, "node": self.self_id, "reason": reason})
@@ -113,6 +120,7 @@ class NodeTransport(TCPTransport):
         conn.setOnMessageReceivedCallback(functools.partial(self._on_identity, conn))
 
     def _on_identity(self, conn, message) -> None:
+        self.events += 1
         node = self._connToNode(conn)
         kind = message.get("type") if isinstance(message, dict) else None
         if node is not None and kind == IDENTITY and message.get("node") == node.id:
@@ -129,6 +137,7 @@ class NodeTransport(TCPTransport):
         conn.disconnect()
 
     def _onDisconnected(self, conn):
+        self.events += 1
         node = self._connToNode(conn)
         lost = node is not None and node in self._verified and _addr_of(node) is not None    # a voter
         if node is not None:
@@ -155,14 +164,18 @@ class NodeTransport(TCPTransport):
         return super().send(node, message)
 
     def _onMessageReceived(self, node, message):
-        if faults.blocked(_addr_of(node), self._here()):
-            return
+        if faults.blocked(_addr_of(node), self._here()) or message == KEEPALIVE:
+            return                         # a keep-alive did its work on arrival: the link's read timer is fresh
         super()._onMessageReceived(node, message)
 
     # --- keep-alives ------------------------------------------------------------------------------
 
     def _onTick(self):
         super()._onTick()
+        self.send_keepalives()
+
+    def send_keepalives(self) -> None:
+        """Send a keep-alive on every verified connection this node sent nothing on for `keepalive_interval` s."""
         now = monotonic_time()
         for node in list(self._verified):
             conn = self._connections.get(node)
@@ -170,6 +183,15 @@ class NodeTransport(TCPTransport):
                     now - self._last_sent.get(node, 0.0) >= self.keepalive_interval:
                 self._last_sent[node] = now
                 conn.send(KEEPALIVE)
+
+    def keepalive_due(self) -> float:
+        """When (pysyncobj's clock) the next keep-alive is due; infinity with no verified connection."""
+        due = float("inf")
+        for node in self._verified:
+            conn = self._connections.get(node)
+            if conn is not None and conn.state == CONNECTION_STATE.CONNECTED:
+                due = min(due, self._last_sent.get(node, 0.0) + self.keepalive_interval)
+        return due
 
 
 def _addr_of(node) -> str | None:

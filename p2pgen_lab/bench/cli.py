@@ -313,6 +313,7 @@ def _add_scale(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kills", type=int, default=3, help="application kills per count (median; default 3)")
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement (default 10)")
     p.add_argument("--json", action="store_true", help="print {rows: [...]} instead of the table")
+    p.add_argument("--threads", action="store_true", help="also split the idle CPU by thread (needs py-spy)")
     p.set_defaults(func=_run_scale)
 
 
@@ -321,7 +322,7 @@ def _run_scale(args: argparse.Namespace) -> int:
 
     if any(n < 2 for n in args.agents) or args.kills < 1 or args.idle <= 0:
         raise SystemExit("p2pgen bench scale: every --agents count must be >= 2, --kills >= 1, --idle > 0")
-    return scale.main(args.agents, args.kills, args.idle, args.json)
+    return scale.main(args.agents, args.kills, args.idle, args.json, args.threads)
 
 
 def _add_diloco(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,5 @@
-"""The heartbeat runner with real UDP sockets on 127.0.0.1: suspicion survives this agent's own stall."""
+"""The heartbeat runner with real UDP sockets on 127.0.0.1: suspicion survives this agent's own stall; beyond the
+fanout an agent judges only the agents it watches."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from p2pgen import faults
 from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
+from p2pgen.core.heartbeats import WATCH_FANOUT, watched
 from p2pgen.detect import DetectorConfig
 
 KEY = b"k" * 32
@@ -383,3 +385,37 @@ def test_a_reset_forgets_suspicions_and_a_peer_still_silent_is_reported_again():
         a.reset()
         wait_for(lambda: b_addr not in a.suspected())
         wait_for(lambda: suspected == [b_addr, b_addr])
+
+
+@pytest.mark.timeout(60)
+def test_beyond_the_fanout_a_dead_agent_is_judged_by_its_watchers_and_by_whoever_waits_for_it():
+    """11 agents, every one sending to every other: each judges its 8 ring neighbours and the voter's agent, and
+    drops the others' heartbeats unread. A stopped agent is reported by each of its watchers and by a non-watcher
+    whose application waits for it (a stall report); the other non-watchers never judge it."""
+    addrs = spread_ports(WATCH_FANOUT + 3)
+    voter = addrs[0]
+    plan = (frozenset(addrs), frozenset({voter}))
+    reports: dict[str, list[str]] = {a: [] for a in addrs}
+    runners = {a: HeartbeatRunner("127.0.0.1", int(a.rpartition(":")[2]), KEY, "job", a, CONFIG,
+                                  lambda a=a: set(addrs) - {a}, lambda peer, i, why, a=a: reports[a].append(peer),
+                                  announce=lambda a=a: Announcement("i-" + a, "", False), watch=lambda: plan)
+               for a in addrs}
+    judges = {a: watched(a, addrs, {voter}) for a in addrs}
+    victim = next(a for a in addrs[1:] if sum(a not in judges[b] for b in addrs if b != a) >= 2)
+    bystanders = [b for b in addrs if b != victim and victim not in judges[b]]
+    waiting, idle = bystanders[0], bystanders[1:]
+    held: list[socket.socket] = []
+    try:
+        with running(*runners.values()):
+            wait_for(lambda: all(judges[a] <= set(runners[a].heard()) for a in addrs))
+            assert all(set(runners[a].heard()) <= judges[a] for a in addrs)       # nobody else is judged
+            assert all(voter in runners[a].heard() for a in addrs[1:])
+            runners[victim].stop()
+            held.append(hold_port(victim))                                          # stopped: no refusal
+            runners[waiting].stalled([victim], lease=30.0)
+            wait_for(lambda: all(victim in reports[a] for a in addrs if victim in judges[a] or a == waiting))
+            time.sleep(2 * CONFIG.timeout)
+            assert not any(victim in reports[a] for a in idle)
+    finally:
+        for sock in held:
+            sock.close()

@@ -1,12 +1,12 @@
-"""The heartbeat verdicts (p2pgen.core.heartbeats), as tables: which lost agents are acted on, and when an agent
-that hears none of its peers blames none of them. The shells calling them: tests/agent/test_agent_lost.py and
-tests/agent/test_heartbeat.py."""
+"""The heartbeat verdicts (p2pgen.core.heartbeats), as tables: which lost agents are acted on, when an agent
+that hears none of its peers blames none of them, and whose heartbeats an agent judges. The shells calling them:
+tests/agent/test_agent_lost.py and tests/agent/test_heartbeat.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2pgen.core.heartbeats import acts_on_loss, hears_no_one
+from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, hears_no_one, watched
 
 
 @pytest.mark.parametrize(("has_node", "proven", "acted_on"), [
@@ -33,3 +33,38 @@ FLOOR = 1.0
 def test_an_agent_that_suddenly_hears_none_of_its_peers_blames_none_of_them(others: int, quiet_for: float,
                                                                              deaf: bool):
     assert hears_no_one(others, quiet_for, FLOOR) is deaf
+
+
+FIVE = [f"10.0.0.{i}:27000" for i in range(1, 6)]     # ring order (address hashes): .2 .1 .5 .4 .3
+
+
+@pytest.mark.parametrize(("me", "ring", "always", "fanout", "expected"), [
+    ("10.0.0.1:27000", FIVE, [], 2, {"10.0.0.2:27000", "10.0.0.5:27000"}),   # its two ring neighbours
+    ("10.0.0.3:27000", FIVE, [], 2, {"10.0.0.4:27000", "10.0.0.2:27000"}),   # the ring wraps around
+    ("10.0.0.3:27000", FIVE, ["10.0.0.5:27000"], 2,                           # a voter's agent: watched always
+     {"10.0.0.4:27000", "10.0.0.2:27000", "10.0.0.5:27000"}),
+    ("10.0.0.3:27000", FIVE, ["10.0.0.3:27000"], 2, {"10.0.0.4:27000", "10.0.0.2:27000"}),   # never itself
+    ("10.0.0.1:27000", FIVE, [], 4, set(FIVE) - {"10.0.0.1:27000"}),          # 4 others, fanout 4: everyone
+    ("10.0.0.1:27000", FIVE[1:], [], 2, {"10.0.0.2:27000", "10.0.0.5:27000"}),   # not in the ring (a joiner):
+    ("10.0.0.9:27000", [], ["10.0.0.5:27000"], 2, {"10.0.0.5:27000"}),          # placed where it would be
+])
+def test_an_agent_watches_its_ring_neighbours_and_the_voters_agents(me: str, ring: list[str], always: list[str],
+                                                                    fanout: int, expected: set[str]):
+    assert watched(me, ring, always, fanout) == expected
+    assert watched(me, list(reversed(ring)), always, fanout) == expected     # the order given does not matter
+
+
+@pytest.mark.parametrize("agents", [4, 9, 10, 16, 32, 33])
+def test_watching_is_symmetric_and_every_agent_has_the_same_number_of_watchers(agents: int):
+    ring = [f"127.0.0.1:{27000 + 5 * i}" for i in range(agents)]
+    plans = {a: watched(a, ring, []) for a in ring}
+    for a in ring:
+        assert all(a in plans[b] for b in plans[a])                          # a watches b <=> b watches a
+        assert len(plans[a]) == min(agents - 1, WATCH_FANOUT)
+        assert sum(a in plans[b] for b in ring) == min(agents - 1, WATCH_FANOUT)
+
+
+@pytest.mark.parametrize("fanout", [0, 1, 3, 7])
+def test_an_odd_or_too_small_fanout_is_refused(fanout: int):
+    with pytest.raises(ValueError, match="even number of at least 2"):
+        watched("10.0.0.1:27000", FIVE, [], fanout)

@@ -171,6 +171,71 @@ def test_a_turn_whose_tick_handled_messages_is_followed_by_another_without_sleep
     assert node._turn() > 0 and so.raftLastApplied == 2
 
 
+def test_only_a_message_that_calls_for_a_tick_is_counted():
+    """An idle leader's heartbeat to a follower that holds and applied everything calls for no tick (its handler
+    did all of it), so the node's thread may sleep on; a new commit index, new entries, a new term or a forwarded
+    command each call for one."""
+    so, sent = caught_up_follower(JobSyncObj)
+    so._SyncObj__onReadyCalled = True
+    counted = so.messages_handled
+    deliver(so, append(1, (11, 1), [], commit=11))            # an idle heartbeat: answered, nothing else to do
+    assert so.messages_handled == counted and sent[-1][1]["type"] == "next_node_idx"
+    deliver(so, append(1, (11, 1), [(12, 1)], commit=11))     # a new entry
+    assert so.messages_handled == counted + 1
+    deliver(so, append(1, (12, 1), [], commit=12))            # its commit: to apply at the next tick
+    assert so.messages_handled == counted + 2
+    apply(so)
+    deliver(so, append(1, (12, 1), [], commit=12))            # settled again: a heartbeat
+    assert so.messages_handled == counted + 2
+    deliver(so, append(2, (12, 1), [], commit=12))            # a new term
+    assert so.messages_handled == counted + 3
+    deliver(so, {"type": "apply_command", "command": NOOP, "request_id": 1}, sender=OTHER)
+    assert so.messages_handled == counted + 4                 # never routine: the leader appends it at its tick
+
+
+class _Member:
+    """A non-voting member's connection as the leader's SyncObj sees it."""
+
+    id = "readonly"
+
+    def _destroy(self) -> None:
+        pass
+
+
+def test_an_idle_non_voting_member_gets_every_other_heartbeat_and_anything_new_at_once(monkeypatch):
+    import p2pgen.raft.syncobj as job_syncobj
+
+    clock = [1000.0]
+    monkeypatch.setattr(job_syncobj, "monotonic_time", lambda: clock[0])
+    so, sent = make(JobSyncObj, self_id=LEADER, others=(FOLLOWER, OTHER))
+    so._SyncObj__raftState = _RAFT_STATE.LEADER
+    so._SyncObj__raftCurrentTerm = 2
+    so._SyncObj__raftLog.add(NOOP, 2, 2)
+    so._SyncObj__raftCommitIndex = 2
+    apply(so)
+    for voter in so.otherNodes:
+        so._SyncObj__connectedNodes.add(voter)
+        so._SyncObj__raftNextIndex[voter] = 3
+    so._SyncObj__onReadonlyNodeConnected(_Member())
+    period = RaftTiming().append_period
+
+    def heartbeat_after(seconds: float) -> list[str]:
+        clock[0] += seconds
+        sent.clear()
+        so._SyncObj__sendAppendEntries()
+        return sorted(node for node, message in sent if message["type"] == "append_entries")
+
+    assert heartbeat_after(0.0) == sorted([FOLLOWER, OTHER, "readonly"])    # a member never sent to
+    assert heartbeat_after(period) == sorted([FOLLOWER, OTHER])             # idle: every other period
+    assert heartbeat_after(period) == sorted([FOLLOWER, OTHER, "readonly"])
+    so._SyncObj__raftLog.add(NOOP, 3, 2)                                     # a new entry: sent at once
+    assert heartbeat_after(0.01) == sorted([FOLLOWER, OTHER, "readonly"])
+    so._SyncObj__raftCommitIndex = 3                                         # its commit: sent at once
+    so._SyncObj__raftNextIndex.update({node: 4 for node in so._SyncObj__raftNextIndex})
+    assert heartbeat_after(0.01) == sorted([FOLLOWER, OTHER, "readonly"])
+    assert heartbeat_after(0.01) == sorted([FOLLOWER, OTHER])
+
+
 def _follower_of(self_id: str, others: tuple[str, str]):
     """A RaftNode over a SyncObj that follows LEADER in term 1, its election a full timeout away."""
     from pysyncobj.monotonic import monotonic as so_monotonic
