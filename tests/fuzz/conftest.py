@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 PORT_RANGE = (25000, 27000)      # this suite's ports (other suites use other ranges)
 SETTLE_S = 5.0                   # how long a leak check waits for threads and fds to go away
@@ -28,6 +29,10 @@ FUZZ = settings(max_examples=40, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 T = TypeVar("T")
+
+
+# integers msgpack can encode (a larger one makes the test's own packb raise OverflowError, not the code under test)
+MSGPACK_INTEGERS = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 
 
 def bind_free_port(make: Callable[[int], T], attempts: int = 200) -> T:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from p2pgen.agent.heartbeat import MAX_PACKET, REASONS, Announcement, HeartbeatRunner
 from p2pgen.auth import derive_key, prove
 from p2pgen.detect import DetectorConfig
-from tests.fuzz.conftest import FUZZ, bind_free_port, total, wait_until
+from tests.fuzz.conftest import FUZZ, MSGPACK_INTEGERS, bind_free_port, total, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,9 +185,10 @@ def _replaced_process_replayed(rig: Rig, addr: str) -> None:
 
 
 @FUZZ
-@given(unheard=st.one_of(st.none(), st.integers(), st.text(max_size=5),
-                         st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-                         st.lists(st.one_of(st.integers(), st.none(), st.binary(max_size=3)), min_size=1, max_size=3)))
+@given(unheard=st.one_of(st.none(), MSGPACK_INTEGERS, st.text(max_size=5),
+                         st.dictionaries(st.text(max_size=3), MSGPACK_INTEGERS, max_size=2),
+                         st.lists(st.one_of(MSGPACK_INTEGERS, st.none(), st.binary(max_size=3)), min_size=1,
+                                  max_size=3)))
 def test_a_heartbeat_whose_unheard_list_is_not_a_list_of_addresses_is_dropped(rig, unheard):
     rig.attack(signed(msgpack.packb([JOB, "127.0.0.1:1", 1, "x", "", False, unheard])), ("malformed",))
     rig.honest_served()

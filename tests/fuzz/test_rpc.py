@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from p2pgen.agent.rpc import HEADER, MAX_FRAME, REASONS, RpcClient, RpcServer, recv_frame, send_frame
 from p2pgen.auth import derive_key, new_nonce, prove
-from tests.fuzz.conftest import FUZZ, bind_free_port, raw_connect, send_and_close, total, wait_until
+from tests.fuzz.conftest import FUZZ, MSGPACK_INTEGERS, bind_free_port, raw_connect, send_and_close, total, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +79,7 @@ def test_random_bytes_instead_of_the_handshake_reply_are_refused_and_counted(rig
 
 
 @FUZZ
-@given(obj=st.recursive(st.none() | st.booleans() | st.integers() | st.binary(max_size=20) | st.text(max_size=20),
+@given(obj=st.recursive(st.none() | st.booleans() | MSGPACK_INTEGERS | st.binary(max_size=20) | st.text(max_size=20),
                         lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
                                                                                   max_size=4), max_leaves=12))
 def test_well_formed_msgpack_without_a_valid_proof_is_refused(rig, obj):
