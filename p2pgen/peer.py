@@ -774,6 +774,8 @@ class Peer:
                 self._recover_from_failed_pull(view, e)
             return None
         self._lineage = pending.parent      # the frontier was elected on the history of the active generation
+        if self._keeper is not None:
+            self._keeper.pulled(view)
         for obj in self.state.sharded.values():
             obj.keep_only([])              # shards of the revision it left: never claimed at the frontier's
         self._trace.record("pulled", generation=generation, revision=self.state.revision, report=str(report))

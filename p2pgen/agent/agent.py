@@ -243,6 +243,13 @@ class Agent:
         self.request_leave(f"termination notice from {self.notices.source if self.notices else '?'}: {found.text}",
                            found.at)
 
+    @property
+    def leaving(self) -> bool:
+        """This agent is on its way out of the job: a leave was asked for (SIGTERM, a notice, the `leave` RPC; a
+        drain may keep it a while) or its driver decided one (the application finished cleanly, or failed more
+        than --max-restarts times). Its voter goes soon, so it is never promoted, and `show` says so."""
+        return self._leave_requested.is_set() or self._leaving.is_set()
+
     def _shutdown(self) -> None:
         if self.notices is not None:
             self.notices.stop()
@@ -734,7 +741,7 @@ class Agent:
     def _announce(self) -> Announcement:
         view = self.membership.view()
         eligible = (view is not None and not view.voter and self.membership.caught_up()
-                    and not self._leave_requested.is_set())   # a Raft participant: its application does not matter
+                    and not self.leaving)   # a Raft participant: its application does not matter
         return Announcement(self.instance, self.membership.announced_node(), eligible)
 
     # --- control API -------------------------------------------------------------------------------
@@ -765,7 +772,7 @@ class Agent:
         return {"voter": node in view.nodes, "leader": view.leader, "voters": list(view.nodes)}
 
     def _rpc_prepare_voter(self, params: dict) -> str:
-        if self._leave_requested.is_set():
+        if self.leaving:
             raise P2PGenError(f"agent {self.addr} is leaving the job")
         return self.membership.prepare_voter([str(v) for v in params["voters"]])
 
@@ -800,7 +807,7 @@ class Agent:
                       "incarnation": self.incarnation, "app_pid": self.app.pid if self.app else None,
                       "standby_pid": self._standby.pid if self._standby else None,
                       "standby_ready": self._standby.waiting if self._standby else False,
-                      "restarts": self.restarts, "leaving": self._leave_requested.is_set(),
+                      "restarts": self.restarts, "leaving": self.leaving,
                       "draining": self._drain_json(),
                       "refused_connections": self.rpc.refused,
                       "refusals": {"rpc": self.rpc.refusals(), "heartbeat": self.heartbeats.refusals()},

@@ -4,7 +4,8 @@ Owns, for every harness that injects faults into a live job (`join --local --cha
 chaos`):
 - the minority rule (`keeps_quorum`): a fault that takes Raft voters down is allowed only while, counting the
   voters already down, at most a minority of them is down after it; `voters_outlive` applies it to an agent's
-  `show` view (chaos's applications), `p2pgen_lab.stress.plan.quorum_safe` to the stress harness's world;
+  `show` view (chaos's applications, each voter judged by `voter_is_up`), `p2pgen_lab.stress.plan.quorum_safe`
+  to the stress harness's world;
 - the seeded weighted choice of a fault kind (`pick_weighted`: one uniform draw per choice, whatever the weights);
 - `LocalPlan`, the planner of `join --local --chaos`: when the next fault is due, which kind, on which peer, under
   the minority rule in its strictest form (a whole host only while every voter is a live agent, `all_voters_live`)
@@ -58,6 +59,18 @@ def voters_outlive(raft: dict, victims: Collection[str], is_up: Callable[[dict],
         return True
     voters = raft["voters"]
     return keeps_quorum(len(voters), 0, sum(v["agent"] in victims or not is_up(v) for v in voters))
+
+
+def voter_is_up(voter: dict, shown: dict | None) -> bool:
+    """Whether one voter counts as up for the minority rule, judged from its own agent's `show` asked now: the
+    agent answers, still runs that voter node (a replacement at the same address runs another) and is not leaving
+    (`agent.leaving`: a leaving voter removes itself soon, whatever made its agent leave).
+
+    Args:
+        voter: one entry of `raft.voters`, {"node", "agent"}.
+        shown: what `show` answered at `voter["agent"]`, None when it did not answer.
+    """
+    return shown is not None and shown["raft"].get("self") == voter["node"] and not shown["agent"].get("leaving")
 
 
 def all_voters_live(voters: Collection[str], live_nodes: Collection[str], formed: int) -> bool:

@@ -10,7 +10,11 @@ Rules, in order:
    address, or the same agent under a new identity after it was cut off), is dead: remove it, first thing.
    The leader never removes itself (it transfers leadership and removes itself when it leaves), and a voter
    is judged only once it has been in the configuration for a grace period (its agent may not have announced
-   it yet).
+   it yet). Only while the voters left after the removal have a live majority: pysyncobj applies a change
+   when it is appended, so a removal without one can never commit, nor can anything after it (with one voter
+   dead and another just back from a partition, unheard for a moment, removing the second left the job
+   needing the dead one for ever). Such a removal waits, and so does every promotion, until another voter is
+   heard again or removed.
 2. While there are fewer voters than `target_voters(live agents)`, promote an eligible non-voting member (one
    at a time; the agent adds its fresh node id by a committed Raft add).
 3. Never more than `MAX_VOTERS`; live voters are never demoted to reach a smaller target (a removal is a risk
@@ -66,16 +70,22 @@ def plan_voters(voters: tuple[Voter, ...], leader: str, live: tuple[AgentStatus,
     included); `judged`: voter ids in the configuration long enough to be judged; `held_back`: agent addresses
     not to promote now (a recent promotion of theirs failed)."""
     by_addr = {a.addr: a for a in live}
+    stuck: list[str] = []
     for voter in sorted(voters, key=lambda v: v.node):
-        if voter.node == leader or voter.node not in judged:
+        if voter.node == leader or voter.node not in judged or _runs(by_addr, voter):
+            continue
+        if not _left_with_majority(voters, voter, leader, by_addr):
+            stuck.append(voter.node)
             continue
         agent = by_addr.get(voter.agent)
         if agent is None:
             return VoterDecision("remove", voter.node, f"voter {voter.node}: its agent {voter.agent} is unreachable")
-        if agent.node != voter.node:
-            now_runs = f"runs voter {agent.node}" if agent.node else "is a non-voting member"
-            return VoterDecision("remove", voter.node, f"voter {voter.node}: its agent {voter.agent} now {now_runs} "
-                                                       "(a new process, or a new identity)")
+        now_runs = f"runs voter {agent.node}" if agent.node else "is a non-voting member"
+        return VoterDecision("remove", voter.node, f"voter {voter.node}: its agent {voter.agent} now {now_runs} "
+                                                   "(a new process, or a new identity)")
+    if stuck:
+        return VoterDecision("keep", "", f"voter(s) {', '.join(stuck)} down, but the voters left after removing one "
+                                         "would lack a live majority: waiting for a voter to be heard again")
     target = target_voters(len(live))
     if len(voters) >= target:
         return VoterDecision("keep", "", f"{len(voters)} voter(s) for {len(live)} live agent(s) (target {target})")
@@ -86,3 +96,16 @@ def plan_voters(voters: tuple[Voter, ...], leader: str, live: tuple[AgentStatus,
         return VoterDecision("keep", "", f"{len(voters)} voter(s), target {target}: no eligible non-voting member")
     return VoterDecision("promote", candidates[0], f"{len(voters)} voter(s) for {len(live)} live agent(s) "
                                                    f"(target {target}): promote {candidates[0]}")
+
+
+def _runs(by_addr: dict[str, AgentStatus], voter: Voter) -> bool:
+    """The voter's agent is heard and still announces that voter node."""
+    agent = by_addr.get(voter.agent)
+    return agent is not None and agent.node == voter.node
+
+
+def _left_with_majority(voters: tuple[Voter, ...], gone: Voter, leader: str, by_addr: dict[str, AgentStatus]) -> bool:
+    """Whether the voters left after removing `gone` have a live majority: the leader, and the voters whose agents
+    are heard running them."""
+    left = [v for v in voters if v.node != gone.node]
+    return majority_up(len(left), sum(v.node != leader and not _runs(by_addr, v) for v in left))

@@ -196,6 +196,17 @@ class StateKeeper:
 
     # --- between generations ---------------------------------------------------------------------------
 
+    def pulled(self, view: JobView) -> None:
+        """The state was replaced by the frontier pulled for the pending generation (`view`): it is of the job's
+        current state epoch now, whatever copy was restored before. A vote that kept the restored copy's older epoch
+        was refused as a branch the job left whenever the pulled revision lay above the fork, and the member, whose
+        refused vote counts as cast, never voted again: the job waited for it for ever.
+
+        Args:
+            view: the job as the pull found it (its `state_epoch`).
+        """
+        self.epoch = view.state_epoch
+
     def load_frontier_checkpoint(self, view: JobView, frontier: Frontier) -> str:
         """Load the checkpoint holding `frontier` (the election chose it); returns a line for the log."""
         for info, _ in self._candidates(view):

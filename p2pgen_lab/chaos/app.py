@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from p2pgen.agent.client import AgentClient
-from p2pgen.agent.faultplan import voters_outlive
+from p2pgen.agent.faultplan import voter_is_up, voters_outlive
 from p2pgen.errors import P2PGenError
 from p2pgen.peer import Peer
 from p2pgen.state import SharedState, wire
@@ -260,12 +260,13 @@ class Injector:
             return None
 
     def _voter_is_up(self, voter: dict) -> bool:
+        """`voter_is_up` on what the voter's agent answers now (no answer: down)."""
         try:
             with AgentClient(voter["agent"], self.peer._secret, job=self.peer.job, timeout=0.5) as client:
                 shown = client.show()
         except (P2PGenError, OSError):
-            return False
-        return shown["raft"].get("self") == voter["node"] and not shown["agent"].get("leaving")
+            shown = None
+        return voter_is_up(voter, shown)
 
     def _request_partition(self, inj: Injection) -> None:
         """Ask the harness (which knows every address of the run) to cut a minority of one agent off: ours, or

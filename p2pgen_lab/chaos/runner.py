@@ -13,6 +13,7 @@ run ends); `windows` records each one for `partition_findings`.
 An agent still up END_GRACE_S after a member finished at the fixed end is stopped (and noted): its application
 lost its membership while the others were finishing, and with every other agent gone no quorum is left to
 register with, so it could only wait until the timeout (a stall of the harness, not of the job).
+A run that stalls leaves what each live agent's `show` said at the timeout in RUN_DIR/stalled-<peer>.json.
 Invariant kept: every process it starts is stopped by pid (process group of each agent) before `run`
 returns, whatever happened.
 """
@@ -154,7 +155,21 @@ class _Harness:
                 return True
             time.sleep(POLL_S)
         self.notes.append(f"stalled: not finished within {timeout:.0f} s")
+        self._keep_views()
         return False
+
+    def _keep_views(self) -> None:
+        """A stalled run: write what every live agent's `show` says now to RUN_DIR/stalled-<peer>.json (the pending
+        generation, its votes and hold, the Raft view), since nothing else records what the job waits for."""
+        for peer_id, agent in self.cluster.agents.items():
+            if not agent.alive():
+                continue
+            try:
+                with AgentClient(agent.addr, self.cluster.secret, job=self.cluster.job, timeout=2.0) as c:
+                    shown = c.show()
+            except (OSError, P2PGenError) as e:
+                shown = {"error": str(e)}
+            (self.run_dir / f"stalled-{peer_id}.json").write_text(json.dumps(shown, indent=1))
 
     def _allow_finish_when_settled(self) -> None:
         """Once some member reached the schedule's last step and every live agent's newest application

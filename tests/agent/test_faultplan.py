@@ -16,6 +16,7 @@ from p2pgen.agent.faultplan import (
     all_voters_live,
     keeps_quorum,
     pick_weighted,
+    voter_is_up,
     voters_outlive,
 )
 
@@ -73,6 +74,32 @@ def test_the_minority_rule_counts_the_voters_already_down() -> None:
     assert not all_voters_live(["a", "b", "c"], {"a", "b"}, 3) and not all_voters_live(["a", "b"], {"a", "b"}, 3)
     raft = {"voters": [{"node": n, "agent": n} for n in "abc"]}
     assert voters_outlive(raft, {"a"}, lambda v: True) and not voters_outlive(raft, {"a"}, lambda v: v["node"] != "b")
+
+
+def _shown(node: str | None, leaving: bool) -> dict:
+    return {"raft": {"self": node}, "agent": {"leaving": leaving}}
+
+
+@pytest.mark.parametrize("shown, up", [
+    (_shown("b:1/n", False), True),
+    (None, False),                           # its agent did not answer
+    (_shown("b:1/m", False), False),         # a replacement at that address runs another node
+    (_shown(None, False), False),            # ... or none: it is a non-voting member now
+    (_shown("b:1/n", True), False),          # leaving: it removes its voter soon
+])
+def test_a_voter_is_up_only_while_its_agent_answers_runs_it_and_is_not_leaving(shown, up) -> None:
+    assert voter_is_up({"node": "b:1/n", "agent": "b:0"}, shown) is up
+
+
+def test_a_voter_leaving_as_another_is_killed_makes_the_kill_wait() -> None:
+    """Schedule #7 of `p2pgen chaos --seed 11`: p1 left (its application finished), p0's agent was killed 1.6 s
+    later while p1's agent removed its voter, and the one voter left could never be elected leader."""
+    voters = [{"node": f"{a}/n", "agent": a} for a in ("p0", "p1", "p2")]
+    shows = {"p0": _shown("p0/n", False), "p1": _shown("p1/n", True), "p2": _shown("p2/n", False)}
+    is_up = lambda v: voter_is_up(v, shows[v["agent"]])                # noqa: E731
+    assert not voters_outlive({"voters": voters}, {"p0"}, is_up)
+    shows["p1"] = _shown("p1/n", False)
+    assert voters_outlive({"voters": voters}, {"p0"}, is_up)
 
 
 def test_a_weighted_pick_takes_each_kind_in_proportion_to_its_weight() -> None:

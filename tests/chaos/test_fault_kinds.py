@@ -7,6 +7,7 @@ certified policy on real agents must pass both checkers.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -58,3 +59,15 @@ def test_an_agent_kill_is_allowed_only_when_the_voters_left_up_are_a_majority():
     c_down = lambda v: v["agent"] != "c"                               # noqa: E731  (dead, replaced or leaving)
     assert not voters_outlive(raft, {"a"}, c_down) and voters_outlive(raft, {"d"}, c_down)
     assert voters_outlive({}, {"a", "b"}, c_down)                      # a view that does not say who votes
+
+
+def test_a_stalled_run_keeps_what_every_live_agent_showed(tmp_path):
+    """A run cut short by its timeout (here while the job still trains) leaves each live agent's `show`, the only
+    record of what a stalled job waited for."""
+    schedule = Schedule(0, 0, 4, 100_000, ())
+    result = runner.run(schedule, "certified", tmp_path, runner.RunConfig(timeout=8.0))
+    assert result.stalled, result.harness
+    shown = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("stalled-*.json")}
+    assert set(shown) == {f"stalled-p{i}.json" for i in range(4)}
+    answered = [s for s in shown.values() if "error" not in s]       # an agent still joining answers an error
+    assert answered and all("state" in s and "raft" in s for s in answered), shown

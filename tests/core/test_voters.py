@@ -48,6 +48,21 @@ def test_the_leader_and_unjudged_voters_are_never_removed():
     assert d.action != "remove"
 
 
+def test_a_dead_voter_is_not_removed_while_the_voters_left_would_lack_a_live_majority():
+    """Schedule #2 of `p2pgen chaos --seed 1 --injections 6`: voter 2 died (its agent killed just after its
+    promotion), voter 1 was cut off for 2.5 s, and right after the heal its heartbeats were not heard yet (its
+    Raft vote was). The leader removed voter 1, the first unheard voter by id, leaving {leader, dead voter 2}: the
+    removal never committed, nothing else could, and the job stalled for good."""
+    voters = (voter(0), voter(1), voter(2))
+    judged = frozenset(v.node for v in voters)
+    back_soon = plan_voters(voters, voter(0).node, (agent(0, voter(0).node), agent(3, eligible=True)), judged)
+    assert back_soon.action == "keep" and "lack a live majority" in back_soon.reason
+    heard = plan_voters(voters, voter(0).node, (agent(0, voter(0).node), agent(1, voter(1).node)), judged)
+    assert (heard.action, heard.target) == ("remove", voter(2).node)
+    alone = plan_voters((voter(0), voter(1)), voter(0).node, (), frozenset({voter(1).node}))
+    assert (alone.action, alone.target) == ("remove", voter(1).node)        # one voter left: the leader
+
+
 def test_a_live_member_is_promoted_below_target_and_not_at_it():
     voters = (voter(0),)
     live = (agent(0, voter(0).node), agent(2, eligible=True), agent(1, eligible=True))
@@ -100,7 +115,13 @@ def test_properties_of_every_decision(situation):
         assert len(voters) < target_voters(len(live)) <= MAX_VOTERS
     else:
         assert d.action == "keep" and d.target == ""
-    # a dead, judged voter is always dealt with before any promotion
-    dead = [v for v in voters if v.node != leader and v.node in judged
-            and (v.agent not in by_addr or by_addr[v.agent].node != v.node)]
-    assert (d.action == "remove") == bool(dead)
+    # a dead, judged voter is removed before any promotion, as long as the voters left keep a live majority
+    def down(v):
+        return v.node != leader and (v.agent not in by_addr or by_addr[v.agent].node != v.node)
+    dead = [v for v in voters if v.node in judged and down(v)]
+    removable = [v for v in dead if majority_up(len(voters) - 1, sum(down(o) for o in voters if o != v))]
+    assert (d.action == "remove") == bool(removable)
+    if d.action == "remove":
+        assert d.target in {v.node for v in removable}
+    if dead:
+        assert d.action != "promote"

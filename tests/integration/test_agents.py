@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from p2pgen.agent.faultplan import voter_is_up
 from p2pgen.core import Ready, Register
+from p2pgen.errors import P2PGenError
 from p2pgen_lab.rigs.agents import active, active_members, free_control_ports
 
 pytestmark = pytest.mark.timeout(90)
@@ -118,6 +120,33 @@ def test_a_voter_that_leaves_gracefully_says_it_left_not_that_no_quorum_recorded
     assert addrs[2] not in {v["agent"] for v in left["raft"]["voters"]}
     assert leaver.proc.wait(20) == 0
     assert "left without a Raft quorum" not in leaver.log.read_text(), leaver.log.read_text()
+
+
+def test_a_voter_whose_application_finished_is_shown_leaving_until_it_is_gone(cluster, tmp_path):
+    """The chaos guard counts a leaving voter as down (`voter_is_up`). An agent whose application finished cleanly
+    leaves on its own, and `show` said `leaving: false` for it (only a requested leave counted): the guard let
+    another voter's agent be killed while this one removed its voter, and the job lost its Raft majority."""
+    app = [sys.executable, "-c", "import os, sys, time\n"
+           f"while not os.path.exists({str(tmp_path)!r} + '/done-' + os.environ['P2PGEN_PEER_ID']): time.sleep(0.05)"]
+    addrs, show = start_three(cluster, command=app)
+    leaver = cluster.agents["p2"]
+    voter = next(v for v in show["raft"]["voters"] if v["agent"] == addrs[2])
+    with cluster.client(addrs[2]) as c:
+        assert voter_is_up(voter, c.show())
+    (tmp_path / "done-p2").touch()
+    judged = []                                   # while p2 runs that voter, whether the guard counts it up
+    while leaver.alive():
+        try:
+            with cluster.client(addrs[2]) as c:
+                shown = c.show()
+            if shown["raft"]["self"] == voter["node"]:
+                judged.append(voter_is_up(voter, shown))
+        except (OSError, P2PGenError):
+            pass                                  # it is shutting down
+        time.sleep(0.05)
+    assert leaver.proc.wait(20) == 0, leaver.log.read_text()
+    assert "application finished cleanly; leaving the job" in leaver.log.read_text()
+    assert False in judged and True not in judged[judged.index(False):], judged
 
 
 def test_paused_agent_is_evicted_and_rejoins_as_new_incarnation(cluster):

@@ -187,6 +187,23 @@ def test_restore_uses_a_copy_of_this_run_and_branch_only(tmp_path):
     assert json.loads((tmp_path / "current.json").read_text())["epoch"] == 1
 
 
+def test_a_state_pulled_after_a_restore_votes_the_jobs_epoch_not_the_copys(tmp_path):
+    """Schedule #2 of `p2pgen chaos --seed 1 --injections 6`: p0#2 restored its copy of revision 17 (state epoch 1),
+    pulled the frontier r56 of epoch 2 (forked at r48), and voted again when that proposal was abandoned. The vote
+    said epoch 1, was refused as a branch the job left, and p0#2, its vote counted as cast, never voted again."""
+    saved = at(17)
+    writer = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path)), saved, "job", ("a", 1))
+    writer.vote_fields(job_state())
+    writer.activated(active(1, 17, "x"))
+    keeper = StateKeeper(StateKeeperConfig(local_dir=str(tmp_path)), at(0), "job", ("a", 2))
+    now = job_state(epoch=2, forks=[(2, 48)])
+    assert "resumed from the local copy of revision 17" in keeper.restore(now)
+    assert keeper.vote_fields(now)["epoch"] == 1 and now.on_branch(1, 17)
+    keeper.pulled(now)                                                     # the frontier r56 replaced it
+    epoch = keeper.vote_fields(now)["epoch"]
+    assert epoch == 2 and now.on_branch(epoch, 56) and not now.on_branch(1, 56)
+
+
 def test_the_local_copy_every_n_commits_is_also_saved_at_each_activation(tmp_path):
     state = at(0)
     config = StateKeeperConfig(local_dir=str(tmp_path), local_every=3, local_budget=1e9)
