@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 
-from p2pgen.core import DEFAULT_REGRESS_WAIT
+from p2pgen.core import DEFAULT_REGRESS_WAIT, HOLD_FLOOR_S
 from p2pgen.state.keeper import (
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY,
@@ -119,9 +119,11 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
                        help="start from the newest checkpoint in DIR (of an earlier run) if it is newer than "
                             "every member's state")
     group.add_argument("--regress-wait", type=float, default=DEFAULT_REGRESS_WAIT, metavar="S",
-                       help="a generation that would resume below the certified revision waits S seconds for a "
-                            "holder, a local copy or a checkpoint, unless every incarnation that could hold it has "
-                            f"said what it holds (default {DEFAULT_REGRESS_WAIT:g}; same on every agent)")
+                       help="a generation that would resume below the certified revision waits for a holder, a "
+                            "local copy or a checkpoint as long as the missing steps took to make, at least "
+                            f"{HOLD_FLOOR_S:g} s and at most S seconds (an application restarting from its own "
+                            "copy: S), unless every incarnation that could hold them has said what it holds "
+                            f"(default {DEFAULT_REGRESS_WAIT:g}; same on every agent)")
     group.add_argument("--allow-fresh-start", action="store_true",
                        help="after that wait, allow resuming from revision 0 when nothing survived (default: the "
                             "generation stays held and says so)")

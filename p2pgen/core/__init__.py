@@ -9,6 +9,7 @@ from p2pgen.core.generation import GenerationMachine, Proposal
 from p2pgen.core.model import (
     COMMAND_TYPES,
     DEFAULT_REGRESS_WAIT,
+    HOLD_FLOOR_S,
     QUIESCENCE_VALUES,
     Activated,
     ActivationHeld,
@@ -50,7 +51,8 @@ from p2pgen.core.model import (
 from p2pgen.core.ownership import OwnershipPlan, Partition, plan_ownership
 
 __all__ = [
-    "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "QUIESCENCE_VALUES", "ActivationHeld", "Activated", "Certificate",
+    "COMMAND_TYPES", "DEFAULT_REGRESS_WAIT", "HOLD_FLOOR_S", "QUIESCENCE_VALUES", "ActivationHeld", "Activated",
+    "Certificate",
     "CheckpointRef", "Command", "Configure", "Effect", "Election", "Fallback", "Frontier", "FrontierElected",
     "GenerationMachine", "Hold", "HistoryEntry", "Kept", "Leave", "Links", "LogPosition", "Member", "MemberEvicted",
     "Outcome", "Proposal", "ProposalAbandoned", "ProposalOpened", "Pull", "Ready", "ReadyVote", "Reform", "Reformed",

@@ -18,7 +18,9 @@ Invariants kept (checked by tests/core after every step):
   and holds the elected frontier digest.
 - No silent regression: a proposal whose elected frontier is below the certified revision is *held*
   (no election, no pull) until a membership change brings a holder, a local copy or a checkpoint, or
-  until `regress_wait` seconds after the job first found the state missing; only then does a `fallback`
+  until the wait the missing steps are worth has passed since the job first found the state missing (the
+  time the job took to make them, at least HOLD_FLOOR_S, at most `regress_wait`: `wait_worth`, a ski
+  rental: waiting and then redoing never costs more than twice the better of the two); only then does a `fallback`
   command let it resume from the best state left, and from revision 0 only when the job allows a fresh
   start. Such an activation opens a new state epoch (a new branch of history): a vote for a state of an
   older epoch above the revision where a later epoch began is refused, so a state of a dead branch (an
@@ -31,8 +33,9 @@ Invariants kept (checked by tests/core after every step):
   frontier is below such a copy (on the history, its peer not voting yet) is held, for at most `regress_wait`
   after the death, until the peer's new incarnation votes with what it restored. When another agent reports
   the active generation's last current member (its own agent is gone), the machine notes an inexact copy for
-  it (at least the frontier: the steps it committed since exist only on its host), so the job waits the same
-  way for that peer instead of resuming below steps it may yet bring back.
+  it (at least the frontier: the steps it committed since exist only on its host), so the job waits for that
+  peer instead of resuming below steps it may yet bring back, as long as those steps are worth
+  (`kept_deadline`: they were made since its generation activated).
 - Re-form (`Reformed`, the first entry of a new Raft epoch after a majority of voters was lost for good):
   the job continues from the state of the survivor that applied the most, so generation and incarnation
   numbers keep going up; the members of the lost agents are evicted and the survivors proposed.
@@ -51,6 +54,7 @@ from typing import Any
 from p2pgen.core.frontier import elect_frontier
 from p2pgen.core.model import (
     DEFAULT_REGRESS_WAIT,
+    HOLD_FLOOR_S,
     QUIESCENCE_VALUES,
     Activated,
     ActivationHeld,
@@ -480,10 +484,13 @@ class GenerationMachine:
                     f"{copy_.peer_id}#{copy_.incarnation}, the last member of generation {copy_.lineage}, was lost "
                     f"with its agent; the steps it committed after revision {copy_.revision} exist only on its "
                     f"host (its next incarnation restores them if the host comes back)")
-            proposal.hold = Hold(copy_.at, copy_.at + self.regress_wait, copy_.revision, election.frontier,
-                                 f"{what}; waiting until {copy_.at + self.regress_wait:.3f} for it")
             if election.regressed_from is not None and self.hold_since is None:
                 self.hold_since = copy_.at          # one wait: the state went missing when that copy's holder died
+            until = self.kept_deadline(copy_)
+            if election.regressed_from is not None and self.hold_since is not None:
+                until = max(until, self.hold_since + self._regression_wait(election, self.hold_since))
+            proposal.hold = Hold(copy_.at, until, copy_.revision, election.frontier,
+                                 f"{what}; waiting until {until:.3f} for it")
             effects.append(ActivationHeld(proposal.generation, proposal.hold))
             return
         if election.regressed_from is not None:
@@ -491,8 +498,8 @@ class GenerationMachine:
             refusal = self._regression_refusal(election, since, at)
             if refusal is not None:
                 self.hold_since = since
-                proposal.hold = Hold(since, since + self.regress_wait, election.regressed_from, election.frontier,
-                                     refusal)
+                proposal.hold = Hold(since, since + self._regression_wait(election, since), election.regressed_from,
+                                     election.frontier, refusal)
                 effects.append(ActivationHeld(proposal.generation, proposal.hold))
                 return
         proposal.hold = None
@@ -503,13 +510,61 @@ class GenerationMachine:
     def _awaited_copy(self, election: Election, at: float) -> Kept | None:
         """The best local copy a dead incarnation left above this frontier, still worth waiting for: on the job's
         history, its peer not voting in this proposal (a new incarnation's vote says what it restored), and
-        reported less than `regress_wait` ago."""
+        its deadline (`kept_deadline`) not passed."""
         voting = {m.peer_id for m in self._open_proposal().members}
         frontier = election.frontier.revision
         waiting = [k for k in self.kept.values()
                    if k.peer_id not in voting and (k.revision > frontier or (not k.exact and k.revision >= frontier))
-                   and at < k.at + self.regress_wait and self.left_behind(k.lineage, k.revision) is None]
+                   and at < self.kept_deadline(k) and self.left_behind(k.lineage, k.revision) is None]
         return max(waiting, key=lambda k: (k.revision, k.peer_id), default=None)
+
+    def kept_deadline(self, kept: Kept) -> float:
+        """Until when the job waits for a dead incarnation's copy. An exact copy (its own agent lives and restarts
+        the application on that host): `regress_wait` after the death. The note of a last holder lost with its
+        agent: the steps only it may hold were made since its generation activated, and the job waits for them
+        no longer than that took (`wait_worth`).
+
+        Args:
+            kept: the copy or note, as `self.kept` holds it.
+        """
+        if kept.exact:
+            return kept.at + self.regress_wait
+        return kept.at + self.wait_worth(kept.at, self._activated_at(kept.lineage))
+
+    def wait_worth(self, lost_at: float, made_since: float | None) -> float:
+        """How long the job waits for steps lost at `lost_at` that it made from `made_since` on: as long as they
+        took to make (redoing them costs that much again), at least HOLD_FLOOR_S, at most `regress_wait`. A ski
+        rental: whether the steps come back or not, waiting this long and then redoing them never costs more
+        than twice the better choice made in hindsight. Unknown `made_since`: `regress_wait`.
+
+        Args:
+            lost_at: when the holder of the missing steps was lost (the wait counts from there).
+            made_since: when the job last stood below the missing steps (None: not known).
+        """
+        if made_since is None:
+            return self.regress_wait
+        return min(self.regress_wait, max(HOLD_FLOOR_S, lost_at - made_since))
+
+    def _regression_wait(self, election: Election, since: float) -> float:
+        """The wait for the certified revision, missing since `since`: worth the steps above the best state left,
+        made since the job last activated a generation at or below it."""
+        return self.wait_worth(since, self._reached_at(election.frontier.revision))
+
+    def _activated_at(self, generation: int) -> float | None:
+        """When `generation` activated, while the history remembers it."""
+        for entry in reversed(self.history):
+            if entry.outcome == "activated" and entry.generation == generation:
+                return entry.at
+        return None
+
+    def _reached_at(self, revision: int) -> float | None:
+        """When the job last activated a generation whose frontier is at or below `revision` (every step above
+        it was made since), while the history remembers one."""
+        for entry in reversed(self.history):
+            if entry.outcome == "activated" and entry.certificate is not None and \
+                    entry.certificate.frontier.revision <= revision:
+                return entry.at
+        return None
 
     def _possible_holders_heard(self) -> bool:
         """Whether every incarnation that could hold the certified revision (the active generation's members, and
@@ -535,12 +590,13 @@ class GenerationMachine:
         if election.lost_shards:
             lost = ", ".join(f"{o}[{i}]" for o, i in election.lost_shards)
             best += f"; every owner of shard(s) {lost} is gone"
-        if at < since + self.regress_wait and (election.lost_shards or not self._possible_holders_heard()):
+        until = since + self._regression_wait(election, since)
+        if at < until and (election.lost_shards or not self._possible_holders_heard()):
             return (f"no member holds certified revision {certified} (best: {best}); waiting until "
-                    f"{since + self.regress_wait:.3f} for a holder, a local copy or a checkpoint")
+                    f"{until:.3f} for a holder, a local copy or a checkpoint")
         if election.frontier.revision == 0 and not self.allow_fresh_start:
             return (f"STATE LOST: no holder, local copy or checkpoint of certified revision {certified} came back "
-                    f"within {self.regress_wait:g} s and only revision 0 is left; the job was not started with "
+                    f"within {until - since:g} s and only revision 0 is left; the job was not started with "
                     f"--allow-fresh-start: bring back a member's state, or start the job again from a checkpoint "
                     f"(--restore DIR)")
         return None
@@ -573,7 +629,7 @@ class GenerationMachine:
             what = (f"{awaited.peer_id}'s local copy of revision {awaited.revision}" if awaited.exact else
                     f"the steps {awaited.peer_id}#{awaited.incarnation} committed after revision {awaited.revision}")
             return Outcome.refused(f"fallback for generation {cmd.generation}: {what} may still come back (until "
-                                   f"{awaited.at + self.regress_wait:.3f})")
+                                   f"{self.kept_deadline(awaited):.3f})")
         refusal = (self._regression_refusal(election, since, cmd.at) if election.regressed_from is not None
                    else None)
         if refusal is not None:
@@ -729,7 +785,7 @@ class GenerationMachine:
                     f"copies were saved), from {source}; new state epoch {self.state_epoch}")
         since = self.hold_since if self.hold_since is not None else at
         waited = (f"after waiting {at - since:.1f} s for a holder, a local copy or a checkpoint"
-                  if at >= since + self.regress_wait else
+                  if at >= since + self._regression_wait(election, since) else
                   f"after {at - since:.1f} s, when every incarnation that could hold it had said what it holds")
         above = f" (committed up to revision {lost})" if lost > election.regressed_from else ""
         return (f"REGRESSED from certified revision {election.regressed_from}{above} to revision {frontier.revision} "

@@ -12,6 +12,7 @@ from typing import Any
 
 QUIESCENCE_VALUES = ("proved", "rolled_back", "unknown")
 DEFAULT_REGRESS_WAIT = 30.0     # seconds a generation that would resume below the certified revision waits
+HOLD_FLOOR_S = 2.0              # the shortest wait for steps whose worth bounds it (see GenerationMachine.wait_worth)
 
 
 @dataclass(frozen=True, order=True)
@@ -160,7 +161,7 @@ class Hold:
     `until` (DESIGN rule "no silent regression"), and after that only if the fallback is allowed."""
 
     since: float                      # when the job first found no member holding the certified revision
-    until: float                      # since + the job's regress_wait
+    until: float                      # since + the wait the missing steps are worth, at most regress_wait
     certified: int                    # the revision the job had certified
     best: Frontier                    # the best state the members can offer now (live or checkpoint)
     reason: str

@@ -129,8 +129,8 @@ def hand_over_due(machine: GenerationMachine, identity: tuple[str, int | None], 
     """Whether the peer of `identity`, asked to leave, must stay until another member holds the job's state.
 
     Two ways it alone can hold steps the job needs, each only while another member can take them (one is
-    registered, or on its way back: its agent reported the copy its dead application left, less than
-    `regress_wait` ago):
+    registered, or on its way back: its agent reported the copy its dead application left, and the job still
+    waits for it, `GenerationMachine.kept_deadline`):
     - its member alone is the active generation (every step since the last change exists only in its process);
     - its own application died and the local copy it left on this host (`local`, which its agent reported as
       `Kept`) is above every revision another member is known to hold: the job waits for that copy, so the
@@ -139,7 +139,7 @@ def hand_over_due(machine: GenerationMachine, identity: tuple[str, int | None], 
     Args:
         machine: the replicated state as this agent applied it.
         identity: (peer id, its registered incarnation, or None while its application restarts).
-        now: wall-clock time, to judge the `regress_wait` of `Kept` notes.
+        now: wall-clock time, to judge the deadlines of `Kept` notes.
         local: (revision, generation) of the local copy on this host, None without one.
     """
     if not _someone_to_take_it(machine, identity[0], now):
@@ -155,7 +155,7 @@ def alone_active(machine: GenerationMachine, identity: tuple[str, int | None]) -
 
 def _someone_to_take_it(machine: GenerationMachine, peer_id: str, now: float) -> bool:
     others = [m for m in machine.members if m.peer_id != peer_id]
-    returning = [k for k in machine.kept.values() if k.peer_id != peer_id and now < k.at + machine.regress_wait]
+    returning = [k for k in machine.kept.values() if k.peer_id != peer_id and now < machine.kept_deadline(k)]
     return bool(others or returning)
 
 
@@ -172,7 +172,7 @@ def _holds_the_only_copy(machine: GenerationMachine, identity: tuple[str, int | 
         return False
     held: list[int] = []
     kept = machine.kept.get(peer_id)
-    awaited = kept is not None and now < kept.at + machine.regress_wait      # the job waits for this host's copy
+    awaited = kept is not None and now < machine.kept_deadline(kept)     # the job waits for this host's copy
     registered = identity[1] is not None and machine.is_current(peer_id, identity[1])   # its vote will carry it
     if local is not None and (awaited or registered) and machine.left_behind(local[1], local[0]) is None:
         held.append(local[0])

@@ -14,12 +14,15 @@ and checks every activation against that record:
   certificates never conflict; a number is never proposed twice; history entries agree with it.
 - I2: the active generation only goes up; a pending generation is above it; the frontier revision only
   goes down when the certificate says `regressed_from`, no member reported the old revision (live or as
-  a checkpoint), the job's regress_wait had passed since the state was first found missing, and the
+  a checkpoint), the wait the missing steps are worth had passed since the state was first found missing
+  (the time since the job last activated a generation at or below the best state left, at least
+  HOLD_FLOOR_S, at most the job's regress_wait; the test's own record of activations), and the
   new frontier is above revision 0 unless the job allows a fresh start. Such an activation opens a new
   state epoch, and a vote for a state of a branch the job left is refused. When another agent reports
   the active generation's last current member, the steps it committed since exist only on its host: a
-  proposal at or below that generation's frontier, without that peer's vote, is held (never elected) for
-  regress_wait from the report, even when it would not regress below the certified revision.
+  proposal at or below that generation's frontier, without that peer's vote, is held (never elected) from
+  the report for the wait those steps are worth (the time since that generation activated, bounded the
+  same way), even when it would not regress below the certified revision.
 - I3: an incarnation is admitted only if it is higher than every one seen for that peer; members are never
   evicted identities; a pending proposal's votes all come from its members' current incarnations.
 - I4: an activation happened only after an accepted, not-`unknown` vote from every member and an accepted
@@ -47,6 +50,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from p2pgen.core import (
     DEFAULT_REGRESS_WAIT,
+    HOLD_FLOOR_S,
     Activated,
     ActivationHeld,
     CheckpointRef,
@@ -205,6 +209,9 @@ class GenerationProtocol(RuleBasedStateMachine):
         # peer -> (incarnation, revision, lineage, at): the inexact copy the active generation's last member left
         # when another agent reported it (its steps since the activation exist only on its host)
         self.kept_notes: dict[str, tuple[int, int, int, float]] = {}
+        # (generation, "activated" | "abandoned", at, frontier revision or None): the fates the machine's bounded
+        # history remembers, from the effects, so that a wait's worth is judged from what the machine can know
+        self.fates: list[tuple[int, str, float, int | None]] = []
 
     # --- sending commands ------------------------------------------------------------------------
 
@@ -279,6 +286,7 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert effect.generation in self.proposed and effect.generation not in self.activated
                 assert effect.generation not in self.abandoned
                 self.abandoned.add(effect.generation)
+                self.fates.append((effect.generation, "abandoned", at, None))
             elif isinstance(effect, ProposalOpened):
                 g = effect.generation
                 assert g not in self.proposed, f"I1: generation {g} proposed twice"
@@ -301,9 +309,12 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert same_election(effect.election, naive), (effect.election, naive)
                 if naive.regressed_from is not None:
                     since = self.now if self.missing_since is None else self.missing_since
-                    assert self.now >= since + self.regress_wait or self.holders_heard(g), \
+                    until = since + self.wait_worth(since, self.reached_at(naive.frontier.revision))
+                    assert self.now >= until or self.holders_heard(g), \
                         "regressed before the wait was over, while a possible holder had not said what it holds"
-                    if self.now < since + self.regress_wait:
+                    if self.now < since + self.regress_wait and not self.holders_heard(g):
+                        event("regressed before regress_wait: the missing steps were worth less")
+                    if self.now < until:
                         event("regressed early: every possible holder said what it holds")
                     assert naive.frontier.revision > 0 or self.fresh, "fresh start without the allowance"
                     if self.missing_since is None:
@@ -318,23 +329,30 @@ class GenerationProtocol(RuleBasedStateMachine):
                     event("held for a lost last member's steps "
                           f"({'below' if naive.regressed_from is not None else 'at'}"
                           " the certified revision)")
-                    revision, _, _, noted_at = awaited
+                    revision, _, _, noted_at, _ = awaited
                     assert effect.hold.best == naive.frontier and effect.hold.certified == revision
-                    assert (effect.hold.since, effect.hold.until) == (noted_at, noted_at + self.regress_wait)
                     if naive.regressed_from is not None and self.missing_since is None:
                         self.missing_since = noted_at
+                    until = self.note_deadline(awaited)
+                    if naive.regressed_from is not None:    # and then the certified revision's own wait
+                        until = max(until, self.missing_since + self.wait_worth(
+                            self.missing_since, self.reached_at(naive.frontier.revision)))
+                    assert (effect.hold.since, effect.hold.until) == (noted_at, until)
                     continue
                 assert naive.regressed_from is not None, "held a proposal that would not regress"
                 assert effect.hold.best == naive.frontier and effect.hold.certified == naive.regressed_from
                 if self.missing_since is None:
                     self.missing_since = self.now
                 assert effect.hold.since == self.missing_since
-                assert effect.hold.until == self.missing_since + self.regress_wait
+                assert effect.hold.until == self.missing_since + self.wait_worth(
+                    self.missing_since, self.reached_at(naive.frontier.revision))
                 assert self.now < effect.hold.until or (naive.frontier.revision == 0 and not self.fresh)
                 assert not self.holders_heard(g) or (naive.frontier.revision == 0 and not self.fresh), \
                     "held although every incarnation that could hold the certified revision said what it holds"
             elif isinstance(effect, Activated):
                 self.check_activation(effect.certificate, position)
+                self.fates.append((effect.certificate.generation, "activated", at,
+                                   effect.certificate.frontier.revision))
 
     def track_kept_notes(self, command) -> None:
         """The test's own record of the last-holder notes (DESIGN: no silent regression), from accepted
@@ -362,15 +380,39 @@ class GenerationProtocol(RuleBasedStateMachine):
         return identity in self.admitted and identity not in self.evicted and self.max_inc[identity[0]] == identity[1]
 
     def awaited_note(self, g: int, frontier: int, at: float):
-        """(revision, peer, incarnation, noted at) of the best last-holder note proposal g must wait for at
-        time `at`: its peer not voting, at or above the frontier, not left behind by a later resumption,
-        noted less than regress_wait ago; None if there is none."""
+        """(revision, peer, incarnation, noted at, lineage) of the best last-holder note proposal g must wait for
+        at time `at`: its peer not voting, at or above the frontier, not left behind by a later resumption, its
+        deadline (`note_deadline`) not passed; None if there is none."""
         voting = {m.peer_id for m in self.proposed[g]}
-        waiting = [(revision, peer, inc, noted_at)
+        waiting = [(revision, peer, inc, noted_at, lineage)
                    for peer, (inc, revision, lineage, noted_at) in self.kept_notes.items()
-                   if peer not in voting and revision >= frontier and at < noted_at + self.regress_wait
+                   if peer not in voting and revision >= frontier
+                   and at < self.note_deadline((revision, peer, inc, noted_at, lineage))
                    and not any(g2 > lineage and f < revision for g2, f in self.resumes)]
         return max(waiting, key=lambda w: (w[0], w[1]), default=None)
+
+    def remembered(self) -> list[tuple[int, str, float, int | None]]:
+        """The fates the machine's history still holds (its last HISTORY_LIMIT)."""
+        return self.fates[-HISTORY_LIMIT:]
+
+    def wait_worth(self, lost_at: float, made_since: float | None) -> float:
+        """The test's own rule: steps lost at `lost_at`, made from `made_since` on, are waited for as long as they
+        took to make, at least HOLD_FLOOR_S, at most regress_wait (unknown start: regress_wait)."""
+        if made_since is None:
+            return self.regress_wait
+        return min(self.regress_wait, max(HOLD_FLOOR_S, lost_at - made_since))
+
+    def reached_at(self, revision: int) -> float | None:
+        """When the job last activated a generation whose frontier is at or below `revision`, if remembered."""
+        return next((at for _, fate, at, frontier in reversed(self.remembered())
+                     if fate == "activated" and frontier is not None and frontier <= revision), None)
+
+    def note_deadline(self, note) -> float:
+        """Until when a last-holder note is waited for: its steps were made since its generation activated."""
+        _, _, _, noted_at, lineage = note
+        activated = next((at for g, fate, at, _ in reversed(self.remembered()) if fate == "activated" and g == lineage),
+                         None)
+        return noted_at + self.wait_worth(noted_at, activated)
 
     def naive_election(self, g: int) -> Election:
         votes = self.votes.get(g, {})
@@ -699,7 +741,8 @@ class GenerationProtocol(RuleBasedStateMachine):
         elif naive.regressed_from is None:
             may = True                      # the hold was for such steps only, and the wait is over
         else:
-            may = self.now >= hold.since + self.regress_wait and (best.revision > 0 or self.fresh)
+            worth = self.wait_worth(hold.since, self.reached_at(best.revision))
+            may = self.now >= hold.since + worth and (best.revision > 0 or self.fresh)
         assert outcome.ok == may, outcome.reason
         if may:
             event("fallback accepted")
