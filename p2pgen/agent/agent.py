@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from p2pgen import faults
 from p2pgen.agent import notice
 from p2pgen.agent.client import STANDBY_POLL_S
-from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
+from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner, WatchPlan
 from p2pgen.agent.probe import PROBE_BYTES, LinkProber, serve_probe
 from p2pgen.agent.raftmember import JoinError, RaftMembership, control_addr_of
 from p2pgen.agent.rpc import RpcServer, split_addr
@@ -172,9 +172,10 @@ class Agent:
         self._stopped = threading.Event()
         self._stopped_app: tuple[Application, float] | None = None   # (app, when it was stopped: SIGSTOP)
         self._standby: Application | None = None    # the warm standby, not yet promoted (--standby 1)
-        self._agents: set[str] = set()            # heartbeat targets (see _heartbeat_targets)
+        self._agents: frozenset[str] = frozenset()    # heartbeat targets (see _heartbeat_targets)
         self._agents_lock = threading.Lock()
-        self._known: tuple[RaftView | None, tuple[str, ...]] = (None, ())    # _known_agents of the last view
+        self._known: tuple[RaftView | None, WatchPlan] = (None, (frozenset(), frozenset()))   # see _watch_plan_of
+        self._announced = Announcement(self.instance, "", False)    # the last one made (see _announce)
         host, port = split_addr(self.addr)
         self.rpc = RpcServer(host, port, config.job, config.secret, self._handlers())
         self.heartbeats = HeartbeatRunner(host, port, derive_key(config.secret, config.job, "heartbeat"),
@@ -707,16 +708,17 @@ class Agent:
 
     # --- heartbeats ----------------------------------------------------------------------------------
 
-    def _heartbeat_targets(self) -> set[str]:
+    def _heartbeat_targets(self) -> frozenset[str]:
         """Every agent of the job: the voters' and the members' agents, and any agent heard as one of them
         before and not suspected since (an agent between two incarnations of its member stays a target)."""
-        view = self.membership.view()
-        current = set(self._known_agents_of(view))
+        current = self._watch_plan_of(self.membership.view())[0]
+        suspected = self.heartbeats.suspected()
         with self._agents_lock:
-            self._agents = (self._agents - self.heartbeats.suspected()) | current
-            return set(self._agents)
+            if not current <= self._agents or not suspected.isdisjoint(self._agents):
+                self._agents = (self._agents - suspected) | current
+            return self._agents
 
-    def _heartbeat_watch(self) -> tuple[frozenset[str], frozenset[str]] | None:
+    def _heartbeat_watch(self) -> WatchPlan | None:
         """What the heartbeats choose the agents they judge from (`p2pgen.core.heartbeats.watched`): the job's
         agents and the voters' agents, from the committed log. None (judge every agent) while this agent has no
         view, and while its node leads: the leader's agent watches every agent, so each one is judged by an agent
@@ -724,25 +726,31 @@ class Agent:
         view = self.membership.view()
         if view is None or view.is_leader:
             return None
-        return frozenset(self._known_agents_of(view)), frozenset(control_addr_of(n) for n in view.nodes)
+        return self._watch_plan_of(view)
 
-    def _known_agents_of(self, view: RaftView | None) -> tuple[str, ...]:
-        """`_known_agents(view)`, computed once per view (the heartbeats ask every round)."""
-        last, known = self._known
+    def _watch_plan_of(self, view: RaftView | None) -> WatchPlan:
+        """(the job's other agents, `_known_agents(view)`; the voters' agents) of `view`, computed once per view
+        (the heartbeats ask every round; the same plan object while the view stands)."""
+        last, plan = self._known
         if view is not last:
-            known = self._known_agents(view)
-            self._known = (view, known)
-        return known
+            voters = frozenset(control_addr_of(n) for n in view.nodes) if view is not None else frozenset()
+            plan = (frozenset(self._known_agents(view)), voters)
+            self._known = (view, plan)
+        return plan
 
     def live_agents(self) -> list[str]:
         """Control addresses of the agents this one currently hears, itself included."""
         return sorted(set(self.heartbeats.heard()) | {self.addr})
 
     def _announce(self) -> Announcement:
+        """What this agent's heartbeats say of it (the same object while that does not change)."""
         view = self.membership.view()
         eligible = (view is not None and not view.voter and self.membership.caught_up()
                     and not self.leaving)   # a Raft participant: its application does not matter
-        return Announcement(self.instance, self.membership.announced_node(), eligible)
+        node, last = self.membership.announced_node(), self._announced
+        if last.node != node or last.eligible != eligible:
+            self._announced = Announcement(self.instance, node, eligible)
+        return self._announced
 
     # --- control API -------------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ Invariants kept:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import socket
@@ -61,6 +62,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import msgpack
@@ -83,7 +85,9 @@ HINT_WINDOW = 2                   # heartbeat intervals a hinted target's refusa
 HINT_RECHECK_S = 0.005            # how often, meanwhile (an ICMP answer takes one round trip)
 SO_TIMESTAMPNS = 35               # Linux: stamp each datagram with its arrival time (struct timespec)
 ANCILLARY_BYTES = socket.CMSG_SPACE(16)
+TIMESPEC = struct.Struct("qq")
 WatchPlan = tuple[frozenset[str], frozenset[str]]   # (the job's agents from the committed log, the voters' agents)
+RoundPlan = tuple[AbstractSet[str], WatchPlan | None, AbstractSet[str], AbstractSet[str]]   # see HeartbeatRunner._plan
 
 
 def _ask_kernel_stamps(sock: socket.socket) -> None:
@@ -99,9 +103,38 @@ def _kernel_stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
     """The wall-clock arrival time the kernel attached to a datagram, if any."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
-            seconds, nanoseconds = struct.unpack("qq", data[:16])
+            seconds, nanoseconds = TIMESPEC.unpack_from(data)
             return seconds + nanoseconds * 1e-9
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _address(agent: str) -> tuple[str, int]:
+    """(host, port) of an agent's control address HOST:PORT, parsed once."""
+    host, _, port = agent.rpartition(":")
+    return host, int(port)
+
+
+class _Bell:
+    """Ends the heartbeat thread's sleep early: `ring` from any thread, `sleep` on the heartbeat thread. A lock held
+    while nobody rang: a sleep takes it (a ring before the sleep included), so no ring is lost, not even one that
+    comes between a wake-up and the next sleep (an Event's wait then clear would lose it), and a sleep is one
+    acquire with a timeout (an Event's wait builds a Condition's waiter lock on every call, ten times a second)."""
+
+    def __init__(self) -> None:
+        self._rung = threading.Lock()
+        self._rung.acquire()
+
+    def ring(self) -> None:
+        """End the current sleep, or the next one at once."""
+        try:
+            self._rung.release()
+        except RuntimeError:
+            pass                                  # rung already, and not yet heard: one wake-up serves both
+
+    def sleep(self, seconds: float) -> bool:
+        """Until rung (a ring before the call counts) or for `seconds`; whether it was rung."""
+        return self._rung.acquire(timeout=max(0.0, seconds))
 
 
 @dataclass(frozen=True)
@@ -116,7 +149,7 @@ class Announcement:
 
 class HeartbeatRunner:
     def __init__(self, host: str, port: int, key: bytes, job: str, self_addr: str, config: DetectorConfig,
-                 targets: Callable[[], set[str]], on_suspect: Callable[[str, str, str], None],
+                 targets: Callable[[], AbstractSet[str]], on_suspect: Callable[[str, str, str], None],
                  announce: Callable[[], Announcement],
                  on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None,
                  on_refused: Callable[[str, str, str], None] | None = None,
@@ -131,15 +164,19 @@ class HeartbeatRunner:
         self._watch = watch
         self._watch_plan: WatchPlan | None = None          # the last plan given, and the agents it watches
         self._watched: frozenset[str] = frozenset()
-        self._unwatched: set[str] = set()                  # targets not judged now: their packets are dropped
+        self._planned: RoundPlan | None = None            # the last round's, while reusable (own thread; see _plan)
+        self._unwatched: AbstractSet[str] = frozenset()    # targets not judged now: their packets are dropped
         self._prover = Prover(key)
         self._on_refused = on_refused or on_suspect      # a suspicion proven by a refusal (default: like any other)
+        # Written by this runner's thread alone; those guarded by _lock, which other threads read, are written under
+        # it, and this thread reads them without it:
         self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
         self._last_seq: dict[str, tuple[str, int]] = {}  # address -> (instance, highest seq) (receive thread)
         self._retired: dict[str, list[str]] = {}         # address -> instances replaced there (receive thread)
         self._unheard_since: dict[str, float] = {}       # peer -> since when it says it cannot hear us (receive thread)
         self._deaf: set[str] = set()                     # peers reported for not hearing us (guarded by _lock)
+        self._reported: set[str] = set()                 # peers reported as suspects (guarded by _lock)
         self._last_arrival = -math.inf                   # newest heartbeat taken from any agent (own thread)
         self._silent: set[str] = set()                   # peers the detector would suspect, not blamed (own thread)
         self._probes: dict[str, socket.socket] = {}      # silent target -> UDP socket connected to it (own thread)
@@ -147,15 +184,14 @@ class HeartbeatRunner:
         self._hints_in: dict[str, str] = {}               # hinted target -> why, not yet probed (guarded by _lock)
         self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
         self._stalled_until: dict[str, float] = {}        # target -> end of its stall report (guarded by _lock)
-        self._wake = threading.Event()                    # a hint (or stop) ends the thread's sleep
+        self._wake = _Bell()                              # a hint (or stop) ends the thread's sleep
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
         self._sock.setblocking(False)
         _ask_kernel_stamps(self._sock)
         self._history = HeartbeatHistory(config.window)
-        self._reported: set[str] = set()
-        self._lock = threading.Lock()            # guards _reported, read by other threads via suspected()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._seq = 0
         self._reset_requested = False
@@ -166,7 +202,7 @@ class HeartbeatRunner:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._wake.ring()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._sock.close()
@@ -181,6 +217,8 @@ class HeartbeatRunner:
 
     def _callers(self) -> set[str]:
         """Agents that sent us a signed heartbeat without being a target; dropped once suspected."""
+        if not self._joined:
+            return set()
         with self._lock:
             self._joined -= self._reported
             return set(self._joined)
@@ -205,7 +243,7 @@ class HeartbeatRunner:
         """
         with self._lock:
             self._hints_in.setdefault(target, why)
-        self._wake.set()
+        self._wake.ring()
 
     def stalled(self, targets: list[str], lease: float) -> None:
         """The local application's collective waits for the members of `targets`' agents and receives
@@ -221,10 +259,17 @@ class HeartbeatRunner:
             for target in targets:
                 self._stalled_until[target] = max(until, self._stalled_until.get(target, 0.0))
 
-    def _plan(self) -> tuple[set[str], set[str]]:
-        """(the agents heartbeats go to, the agents judged); see the module docstring."""
-        send_to = (self._targets() | self._callers()) - {self.self_addr}
-        plan = self._watch()
+    def _plan(self) -> tuple[AbstractSet[str], AbstractSet[str]]:
+        """(the agents heartbeats go to, the agents judged); see the module docstring. The last round's answer
+        (kept as (targets, watch plan, send_to, judged)) when it was made from the very same immutable targets and
+        watch plan, with no joiner and no stall report then or now: what an idle agent's rounds find."""
+        targets, plan = self._targets(), self._watch()
+        last = self._planned
+        if last is not None and last[0] is targets and last[1] is plan and not self._joined and \
+                not self._stalled_until:
+            return last[2], last[3]
+        send_to = (targets | self._callers()) - {self.self_addr}
+        stalled: set[str] = set()
         if plan is None:
             judged = send_to
         else:
@@ -235,9 +280,13 @@ class HeartbeatRunner:
                 stalled = set(self._stalled_until)
             judged = send_to & (self._watched | (send_to - plan[0]) | stalled)
         self._unwatched = send_to - judged
+        reusable = isinstance(targets, frozenset) and not self._joined and not stalled
+        self._planned = (targets, plan, send_to, judged) if reusable else None
         return send_to, judged
 
     def _stalled_now(self, now: float) -> frozenset[str]:
+        if not self._stalled_until:         # one read, as under the lock: a report given meanwhile counts next round
+            return frozenset()
         with self._lock:
             for target in [t for t, until in self._stalled_until.items() if until <= now]:
                 del self._stalled_until[target]
@@ -264,8 +313,7 @@ class HeartbeatRunner:
             wait = next_send - time.monotonic()
             if self._hinted:
                 wait = min(wait, HINT_RECHECK_S)
-            self._wake.wait(max(0.0, wait))
-            self._wake.clear()
+            self._wake.sleep(wait)
 
     def _round(self, now: float, late: float) -> None:
         """One heartbeat round; `late`: how far past its planned start it runs (our own stall)."""
@@ -291,8 +339,10 @@ class HeartbeatRunner:
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
 
-    def _probe_hinted(self, targets: set[str]) -> None:
+    def _probe_hinted(self, targets: AbstractSet[str]) -> None:
         """Send a heartbeat on a connected socket to each hinted target not yet probed for its hint."""
+        if not self._hints_in:              # a hint given meanwhile rings the bell: the next turn takes it
+            return
         with self._lock:
             fresh, self._hints_in = self._hints_in, {}
             reported = set(self._reported)
@@ -302,9 +352,8 @@ class HeartbeatRunner:
                     faults.blocked(self.self_addr, target):
                 continue
             packet = packet or self._packet()
-            host, _, port = target.rpartition(":")
             self._hinted[target] = (time.monotonic(), why)
-            if not self._probe(target, (host, int(port)), packet):
+            if not self._probe(target, _address(target), packet):
                 del self._hinted[target]
 
     def reset(self) -> None:
@@ -331,16 +380,19 @@ class HeartbeatRunner:
         for peer in self._history.peers():
             if peer in reported:
                 continue
-            last = self._history.stats(peer).last
+            last = self._history.last(peer)
             self._history.forget(peer)
             self._history.record(peer, now if gap is None else min(now, last + gap))
 
-    def _track(self, targets: set[str], now: float) -> None:
-        known = set(self._history.peers())
-        for peer in targets - known:
-            self._history.record(peer, now)       # a new node gets a full timeout before judgement
-        for peer in known - targets:
-            self._history.forget(peer)
+    def _track(self, targets: AbstractSet[str], now: float) -> None:
+        history = self._history
+        for peer in targets:
+            if peer not in history:
+                history.record(peer, now)         # a new node gets a full timeout before judgement
+        if len(history) == len(targets):
+            return                                # it holds every target: no other peer
+        for peer in set(history.peers()) - targets:
+            history.forget(peer)
             self._unheard_since.pop(peer, None)
             with self._lock:
                 self._reported.discard(peer)
@@ -351,23 +403,23 @@ class HeartbeatRunner:
         """A new signed heartbeat (the next sequence number)."""
         self._seq += 1
         me = self._announce()
-        unheard = sorted(self.suspected() | self._silent)[:MAX_UNHEARD]
+        unheard = sorted(self._reported | self._silent)[:MAX_UNHEARD] if self._reported or self._silent else []
         body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
         return body + self._prover.prove(body)
 
-    def _send(self, send_to: set[str], judged: set[str]) -> None:
+    def _send(self, send_to: AbstractSet[str], judged: AbstractSet[str]) -> None:
         """Send this round's heartbeat to every agent of `send_to`; a silent one of `judged` gets it on its probe."""
         packet = self._packet()
         silent_since = time.monotonic() - PROBE_AFTER * self.config.heartbeat_interval
         for target in send_to:
             if faults.blocked(self.self_addr, target):     # an injected partition (p2pgen.faults)
                 continue
-            host, _, port = target.rpartition(":")
-            if target in judged and (target in self._probes or self._history.stats(target).last < silent_since) and \
-                    self._probe(target, (host, int(port)), packet):
+            address = _address(target)
+            if target in judged and (target in self._probes or self._history.last(target) < silent_since) and \
+                    self._probe(target, address, packet):
                 continue
             try:
-                self._sock.sendto(packet, (host, int(port)))
+                self._sock.sendto(packet, address)
             except OSError as e:
                 log.debug("heartbeat to %s failed: %s", target, e)
 
@@ -393,7 +445,7 @@ class HeartbeatRunner:
             log.debug("probe of %s failed: %s", target, e)
         return True
 
-    def _judge_refusals(self, targets: set[str], now: float) -> None:
+    def _judge_refusals(self, targets: AbstractSet[str], now: float) -> None:
         """Report a probed target whose host refused our heartbeat (no process holds its port); drop the probes
         of targets heard again or no longer targets."""
         silent_since = now - PROBE_AFTER * self.config.heartbeat_interval
@@ -408,7 +460,7 @@ class HeartbeatRunner:
                 pass                              # nothing came back (BlockingIOError), or nothing to say
             hint = self._open_hint(target, targets, now)
             since = silent_since if hint is None else hint[0]
-            heard = target in self._history.peers() and self._history.stats(target).last >= since
+            heard = target in self._history and self._history.last(target) >= since
             if refused or heard or target not in targets:
                 probe.close()
                 del self._probes[target]
@@ -421,13 +473,13 @@ class HeartbeatRunner:
                 if target in self._reported or (last is None and not hears_others):
                     continue                      # never heard, by an agent that hears no one: as in _judge
                 self._reported.add(target)
-            silence = now - self._history.stats(target).last
+            silence = now - self._history.last(target)
             probed = f" (probed at once: {hint[1]})" if hint is not None else ""
             self._on_refused(target, last.instance if last else "",
                              f"{'never heard from; ' if last is None else ''}its host refused our heartbeat after "
                              f"{silence:.2f} s of silence{probed} (no process holds the agent's port)")
 
-    def _open_hint(self, target: str, targets: set[str], now: float) -> tuple[float, str] | None:
+    def _open_hint(self, target: str, targets: AbstractSet[str], now: float) -> tuple[float, str] | None:
         """(when its probe left, why) of `target`'s hint while it is open; a hint past HINT_WINDOW intervals,
         or for a target no longer a target, is closed (the silence rule alone judges it from then on)."""
         hint = self._hinted.get(target)
@@ -437,7 +489,7 @@ class HeartbeatRunner:
             return None
         return hint
 
-    def _receive(self, targets: set[str]) -> None:
+    def _receive(self, targets: AbstractSet[str]) -> None:
         """Take every heartbeat waiting in the socket (at most 1024 in one round), each at its arrival time; drop
         those whose source is an agent not judged now, unread (its address as the agents name it: HOST:PORT)."""
         clock_offset = time.monotonic() - time.time()      # kernel stamps are wall-clock; histories are monotonic
@@ -461,7 +513,7 @@ class HeartbeatRunner:
         self.counters.add(reason)
         log.debug("dropped a heartbeat (%s): %s", reason, detail)
 
-    def _take(self, packet: bytes, targets: set[str], arrived: float | None = None) -> None:
+    def _take(self, packet: bytes, targets: AbstractSet[str], arrived: float | None = None) -> None:
         if len(packet) > MAX_PACKET:
             return self._drop("oversized", f"a packet of more than {MAX_PACKET} bytes")
         body, tag = packet[:-TAG_BYTES], packet[-TAG_BYTES:]
@@ -496,7 +548,8 @@ class HeartbeatRunner:
             self._on_replaced(sender, before.instance, heard.instance)
         now = time.monotonic() if arrived is None else arrived
         self._history.record(sender, now)
-        self._last_arrival = max(self._last_arrival, now)
+        if now > self._last_arrival:
+            self._last_arrival = now
         self._judge_deafness(sender, heard, now)
 
     def _judge_deafness(self, sender: str, heard: Announcement, now: float) -> None:
@@ -504,8 +557,9 @@ class HeartbeatRunner:
         that as soon as it hears us again."""
         if self.self_addr not in heard.unheard:
             self._unheard_since.pop(sender, None)
-            with self._lock:
-                self._deaf.discard(sender)
+            if sender in self._deaf:
+                with self._lock:
+                    self._deaf.discard(sender)
             return
         since = self._unheard_since.setdefault(sender, now)
         with self._lock:
@@ -515,7 +569,7 @@ class HeartbeatRunner:
         self._on_suspect(sender, heard.instance, f"it has not heard this agent for {now - since:.2f} s "
                                                  "(it speaks but cannot listen: a one-way loss)")
 
-    def _hears_no_one(self, targets: set[str], now: float) -> bool:
+    def _hears_no_one(self, targets: AbstractSet[str], now: float) -> bool:
         """Every other agent silent at once (`p2pgen.core.heartbeats.hears_no_one`): none heard for half the
         detector's floor, though at least two are there to hear. Then this agent's own deafness (its receive
         path starved or stopped, a partition around it) is likelier than their simultaneous failures, and it
@@ -530,17 +584,24 @@ class HeartbeatRunner:
 
     def _replayed(self, sender: str, instance: str, seq: int) -> bool:
         """Whether this heartbeat is not newer than the last one of its process, or comes from a process
-        already replaced at `sender`; otherwise remember it as the newest."""
-        retired = self._retired.setdefault(sender, [])
+        already replaced at `sender`; otherwise remember it as the newest. The newest process at an address is
+        never among those replaced there (a replaced one is refused before it could become the newest again), so
+        a heartbeat of the newest is judged by its sequence number alone."""
         last = self._last_seq.get(sender)
-        if instance in retired or (last is not None and last[0] == instance and seq <= last[1]):
+        if last is not None and last[0] == instance:
+            if seq <= last[1]:
+                return True
+            self._last_seq[sender] = (instance, seq)
+            return False
+        retired = self._retired.setdefault(sender, [])
+        if instance in retired:
             return True
-        if last is not None and last[0] != instance:
+        if last is not None:
             retired[:] = (retired + [last[0]])[-RETIRED_KEPT:]
         self._last_seq[sender] = (instance, seq)
         return False
 
-    def _judge(self, targets: set[str], now: float) -> None:
+    def _judge(self, targets: AbstractSet[str], now: float) -> None:
         found = suspects(now, self._history, self.config, self._stalled_now(now))
         self._silent = set(found) if found and self._hears_no_one(targets, now) else set()
         if not found or self._silent or self._reset_requested:     # a reset voids what was heard before it

@@ -373,8 +373,9 @@ RESTING = (Wait, HandOver, AwaitApp)   # a turn ends with one of these
 # --- observing ----------------------------------------------------------------------------------------------
 
 def begin_turn(local: AgentLocal) -> AgentLocal:
-    """A new driver turn: every kind of action may be performed once again."""
-    return replace(local, done=frozenset())
+    """A new driver turn: every kind of action may be performed once again (the same memory after a turn that
+    only waited: most turns of an idle agent)."""
+    return replace(local, done=frozenset()) if local.done else local
 
 
 def observe(local: AgentLocal, view: AgentView) -> AgentLocal:
@@ -643,6 +644,8 @@ def advance(local: AgentLocal, action: Action, outcome: Outcome | None) -> Agent
             `AskMembership`, ok when a live member says this voter is out), None when it could not be done now
             (no quorum answered in time, or the answer was lost: it may have committed).
     """
+    if isinstance(action, Wait):
+        return local          # it changes nothing; `done` screens the rules' actions, and no rule waits
     local = replace(local, done=local.done | {type(action).__name__})
     match action:
         case Configure():

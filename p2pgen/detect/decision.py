@@ -56,11 +56,15 @@ def suspects(now: float, history: HeartbeatHistory, config: DetectorConfig,
              stalled: frozenset[str] | set[str] = frozenset()) -> dict[str, str]:
     """peer -> human-readable reason, for every peer in `history` that should be suspected at `now`.
 
-    A peer recorded only once (no interval yet) is judged by the fixed rule with `config.timeout`.
+    A peer recorded only once (no interval yet) is judged by the fixed rule with `config.timeout`. While every
+    peer was heard within the lower of the two floors, no rule can fire and no peer is looked at (the agent asks
+    every heartbeat interval, and most of the time this is the answer).
 
     Args:
         stalled: the peers whose members the local application's stalled collective waits for.
     """
+    if now - history.oldest_last() <= min(config.stalled_floor, config.floor):
+        return {}
     found: dict[str, str] = {}
     for peer in history.peers():
         reason = judge(now, history.stats(peer), config, peer in stalled)

@@ -85,6 +85,20 @@ class HeartbeatHistory:
     def peers(self) -> list[str]:
         return sorted(self._peers)
 
+    def __contains__(self, peer: object) -> bool:
+        return peer in self._peers
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def last(self, peer: str) -> float:
+        """Latest arrival of `peer` (without computing its statistics); KeyError if never recorded."""
+        return self._peers[peer].last
+
+    def oldest_last(self) -> float:
+        """The earliest of the peers' latest arrivals: every peer was heard at or after it (inf with no peer)."""
+        return min((state.last for state in self._peers.values()), default=math.inf)
+
     def stats(self, peer: str) -> PeerStats:
         """Latest arrival and inter-arrival mean/std of `peer`; KeyError if never recorded."""
         return self._peers[peer].stats()

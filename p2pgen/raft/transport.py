@@ -24,6 +24,12 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
   for whoever can check faster than a timeout (the agent probes that node's agent at once).
 - Injected partitions (`p2pgen.faults`): a message to or from a node across a cut direction is dropped here,
   the connection kept (a black-holed route, one direction at a time).
+- Compression of small messages (docs/design/pysyncobj.md, "Small messages"). pysyncobj compresses every message
+  with `zlib.compress(data, 3)`, whose 256 KiB deflate state is set up afresh each time: more than pickling and
+  encrypting an idle append costs. Messages of up to SMALL_MESSAGE bytes are compressed at the same level with a
+  window and memory as small as the message needs (`SmallMessageZlib`, put in pysyncobj's `tcp_connection`
+  module in its `zlib`'s place); the stream is zlib's own format, which every pysyncobj decompresses as before,
+  so nodes with and without it understand each other.
 Invariant kept: a connection is handed to SyncObj (`_onNodeConnected`) only after both sides proved which node
 they are (the secret-derived Fernet key proves membership of the job; the id proves which node).
 """
@@ -32,9 +38,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable
 
+from pysyncobj import tcp_connection
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
@@ -46,6 +54,32 @@ log = logging.getLogger(__name__)
 KEEPALIVE = {"type": "p2pgen_keepalive"}
 IDENTITY = "p2pgen_identity"
 REFUSED = "p2pgen_refused"
+SMALL_MESSAGE = 4096              # bytes: up to this, a message is compressed with a small deflate state
+SMALL_WINDOW_BITS = 12            # a 4 KiB window: it spans any small message
+SMALL_MEM_LEVEL = 4               # about 20 KiB of deflate state in all, an ordinary heap allocation
+
+
+class SmallMessageZlib:
+    """What pysyncobj's `tcp_connection` module calls `zlib`: its `compress` gives a small message a deflate state
+    sized for it (see the module docstring); a larger one, and `decompress`, are zlib's."""
+
+    decompress = staticmethod(zlib.decompress)
+
+    @staticmethod
+    def compress(data: bytes, level: int = -1) -> bytes:
+        """A zlib stream of `data`, as `zlib.compress(data, level)` makes, at the same level.
+
+        Args:
+            data: one pickled Raft message.
+            level: the deflate level pysyncobj asks for.
+        """
+        if len(data) > SMALL_MESSAGE:
+            return zlib.compress(data, level)
+        compressor = zlib.compressobj(level, zlib.DEFLATED, SMALL_WINDOW_BITS, SMALL_MEM_LEVEL)
+        return compressor.compress(data) + compressor.flush()
+
+
+tcp_connection.zlib = SmallMessageZlib()
 
 
 class NodeTransport(TCPTransport):

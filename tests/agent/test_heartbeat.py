@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 
 from p2pgen import faults
-from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner
+from p2pgen.agent.heartbeat import Announcement, HeartbeatRunner, _Bell
 from p2pgen.core.heartbeats import WATCH_FANOUT, watched
 from p2pgen.detect import DetectorConfig
 
@@ -419,3 +419,45 @@ def test_beyond_the_fanout_a_dead_agent_is_judged_by_its_watchers_and_by_whoever
     finally:
         for sock in held:
             sock.close()
+
+
+@pytest.mark.timeout(10)
+def test_a_ring_ends_a_sleep_whether_it_comes_before_or_during_it_and_rings_together_wake_once():
+    bell = _Bell()
+    assert not bell.sleep(0.0)                          # nobody rang
+    bell.ring()
+    bell.ring()
+    assert bell.sleep(60.0)                             # rung before the sleep: at once
+    assert not bell.sleep(0.0)                          # the second ring was served by the same wake-up
+    ringer = threading.Timer(0.05, bell.ring)
+    ringer.start()
+    assert bell.sleep(60.0)                             # rung during it
+    ringer.join()
+
+
+def test_an_idle_round_reuses_its_plan_and_new_targets_or_a_stall_report_remake_it():
+    """Beyond the fanout: the plan of a round is reused while the targets and the watch plan are the very same
+    objects and no stall report stands; a stall report adds the agent it names to those judged, new targets
+    are planned afresh."""
+    me = f"127.0.0.1:{free_udp_port()}"
+    others = [f"127.0.0.1:{40000 + i}" for i in range(WATCH_FANOUT + 2)]
+    targets = {"now": frozenset(others) | {me}}
+    plan = (targets["now"], frozenset({others[0]}))
+    r = HeartbeatRunner("127.0.0.1", int(me.rpartition(":")[2]), KEY, "job", me, CONFIG, lambda: targets["now"],
+                        lambda *report: None, announce=lambda: Announcement("i", "", False), watch=lambda: plan)
+    try:
+        send_to, judged = r._plan()
+        assert send_to == set(others) and judged == watched(me, plan[0], plan[1])
+        again = r._plan()
+        assert again[0] is send_to and again[1] is judged
+        unwatched = min(set(others) - judged)
+        r.stalled([unwatched], lease=60.0)
+        assert r._plan()[1] == judged | {unwatched}
+        r._stalled_now(time.monotonic() + 61.0)                             # the report ends, as a round finds
+        newcomer = "127.0.0.1:39999"
+        targets["now"] = targets["now"] | {newcomer}
+        send_to, judged = r._plan()
+        assert send_to == set(others) | {newcomer} and newcomer in judged   # not in the watch plan: judged
+        assert r._plan()[1] is judged
+    finally:
+        r.stop()

@@ -14,6 +14,8 @@ import pytest
 from agent_transcript import run_agent_transcript
 from transcript import check_transcript
 
+from p2pgen.core import agentmachine as am
+
 TESTDATA = Path(__file__).parent / "testdata" / "agent"
 FILES = sorted(TESTDATA.glob("*.txt"))
 
@@ -28,3 +30,13 @@ def test_agent_transcript(path: Path):
     text = path.read_text()
     directives, outputs, trailing, _ = run_agent_transcript(text)
     check_transcript(path, text, directives, outputs, trailing)
+
+
+def test_a_turn_that_only_waits_leaves_the_memory_as_it_was():
+    """The idle agent's turn (begin, wait) replaces nothing: the driver's memory is the very same object, and a
+    turn that acted starts the next one with nothing done."""
+    idle = am.AgentLocal.start(am.AgentRules("p0"))
+    turn = am.begin_turn(idle)
+    assert turn is idle and am.advance(turn, am.Wait("nothing to do"), am.DONE) is idle
+    acted = am.advance(turn, am.StandbyLost(pid=1, why="exited", deaths=1), am.DONE)
+    assert acted.done == {"StandbyLost"} and am.begin_turn(acted).done == frozenset()

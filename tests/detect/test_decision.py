@@ -212,3 +212,21 @@ def test_forget_removes_a_peer():
 def test_invalid_configs_say_what_to_fix(kwargs, words):
     with pytest.raises(ValueError, match=words):
         DetectorConfig(**kwargs)
+
+
+class StatsUnread(HeartbeatHistory):
+    """A history whose peers' statistics must not be computed."""
+
+    def stats(self, peer: str):
+        raise AssertionError(f"the statistics of {peer} were computed")
+
+
+def test_no_peer_is_looked_at_while_every_one_was_heard_within_the_lower_floor():
+    config = DetectorConfig(kind="phi", timeout=1.5, floor=0.8, stalled_floor=0.3, heartbeat_interval=0.1)
+    history = StatsUnread(window=10)
+    for peer, last in (("a", 10.0), ("b", 10.2)):
+        history.record(peer, last - 0.1)
+        history.record(peer, last)
+    assert suspects(10.25, history, config, frozenset({"a"})) == {}
+    with pytest.raises(AssertionError, match="statistics of a"):
+        suspects(10.31, history, config, frozenset({"a"}))          # past the stalled floor: a is judged
