@@ -40,15 +40,15 @@ corrections) and one hook:
    leader does (only these two kinds: a forwarded command, a vote, anything else always counts). Everything such
    a message does happens in its handler (the election deadline, the reply, the
    leader's response times); the node's thread then sleeps on without a tick (`RaftNode`).
-7. Every applied entry (no-op, membership change and command alike) passes through `on_applied(index, term,
-   command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
-   node grants passes through `on_vote(term, candidate, request)` (for the trace).
-8. Leader: an idle heartbeat goes to a non-voting member every other append period. It votes for nothing, so
+7. Leader: an idle heartbeat goes to a non-voting member every other append period. It votes for nothing, so
    what it needs from an idle leader is only to keep hearing it (its agent's fence publishes a leader heard within
    the longest election timeout, 1 s; the period is 0.15 s) and to keep its connection read within the 1 s
    `connectionTimeout`; each heartbeat and its ack cost the leader a message each way, per member (31 at 32
    agents). A member the leader has anything new for (an entry past its next index, a commit index or a term it
    was not sent) gets the append at once, as before (5).
+The hook: every applied entry (no-op, membership change and command alike) passes through `on_applied(index,
+term, command, result)`, which the RaftNode uses for the running hash of its log and its trace; every vote this
+node grants passes through `on_vote(term, candidate, request)` (for the trace).
 Invariant kept: for entries it already holds with the leader's term, a follower's log and commit index never go
 backwards.
 """
@@ -63,7 +63,7 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 
 OnApplied = Callable[[int, int, bytes, Any], None]
 ROUTINE = frozenset({"append_entries", "next_node_idx"})   # may call for no tick (6); any other message does
-READONLY_IDLE_PERIODS = 1.5     # an idle non-voting member sent nothing within this many append periods gets one (8)
+READONLY_IDLE_PERIODS = 1.5     # an idle non-voting member sent nothing within this many append periods gets one (7)
 
 
 class JobSyncObj(SyncObj):
