@@ -185,7 +185,7 @@ class Agent:
                                               peer, old, f"replaced by a new agent process ({new})", proven=True),
                                           on_refused=lambda peer, inst, why: self._agent_lost(peer, inst, why,
                                                                                               proven=True),
-                                          watch=self._heartbeat_watch)
+                                          watch=self._heartbeat_watch, on_heard=self._heard_changed)
         self.membership.on_link_lost = self._raft_link_lost
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
@@ -791,6 +791,7 @@ class Agent:
             "raft": {"term": view.term, "index": view.version, "epoch": view.epoch,
                      "applied": [view.log_hash[1], view.log_hash[0]], "leader": view.leader,
                      "leader_agent": control_addr_of(view.leader) if view.leader else None,
+                     "heard": self.heartbeats.heard_by_job(),
                      "nodes": list(view.nodes), "self": view.node_id, "voter": view.voter,
                      "voters": voters, "nonvoters": nonvoters, "agents": self.live_agents(),
                      "hash": [list(c) for c in view.checkpoints[-8:]] + [list(view.log_hash)],
@@ -817,15 +818,28 @@ class Agent:
 
     def _rpc_wait(self, params: dict) -> dict:
         """The view once an entry after `after_version` is applied, or (given `leader`, the leader the caller
-        saw last) once this node's leader changes (lost or another), or after `timeout` seconds."""
+        saw last) once this node's leader changes (lost or another), or (given `heard`) once whether the job is
+        proven to hear this agent changes, or after `timeout` seconds."""
         after = int(params.get("after_version", -1))
         timeout = min(float(params.get("timeout", 5.0)), 30.0)
         self._require_view()
         watch_leader, seen = "leader" in params, params.get("leader")
+        watch_heard, heard_seen = "heard" in params, bool(params.get("heard", True))
         stop_seen = bool(params.get("stop_at_boundary", False))
         self.node.wait_view(lambda v: v.version > after or (watch_leader and v.leader != seen)
+                            or (watch_heard and self.heartbeats.heard_by_job() != heard_seen)
                             or self._app_stop_asked() != stop_seen, timeout)
         return self._rpc_show(params)
+
+    def _heard_changed(self, heard: bool) -> None:
+        """The heartbeats' round trips start or stop proving that the job hears this agent: wake the application's
+        watcher (its `wait`), which fences its member while it is not heard."""
+        if not heard:
+            log.warning("the job is not proven to hear this agent (too few of the agents it watches echoed its "
+                        "heartbeats within %.2f s): its member stops committing", self.config.detector.stalled_floor)
+        node = self.node
+        if node is not None:
+            node.wake_waiters()
 
     def _app_stop_asked(self) -> bool:
         return self._drain is not None and self._drain.app_asked is not None

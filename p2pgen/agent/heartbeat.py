@@ -30,6 +30,13 @@ Invariants kept:
   reported too, though we hear it:
   an agent that can speak but not listen gets no Raft log and can vote for nothing, so left in the job it would
   hold every generation change until the link heals (a one-way partition);
+- every heartbeat also echoes, for each agent it judges and heard, the newest sequence number heard from it. The
+  job is proven to hear this agent (`heard_by_job`) while more than half of itself and the agents it judges echoed
+  one of its heartbeats sent within the detector's stalled floor (`p2pgen.core.heartbeats.heard_by_quorum`): only
+  a round trip renews that lease, so an agent whose sends are dropped while it still hears everyone (a one-way
+  cut) loses it within the stalled floor, before any agent may suspect it, and its member stops committing
+  (`p2pgen.core.view.cut_off`). A newly judged agent counts as heard for one lease; our own stall is taken out
+  of the lease as out of the silences;
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
 - a target silent for PROBE_AFTER heartbeat intervals gets our heartbeats on a UDP socket connected to it
@@ -67,7 +74,7 @@ import msgpack
 
 from p2pgen import faults
 from p2pgen.auth import Prover
-from p2pgen.core.heartbeats import hears_no_one, watched
+from p2pgen.core.heartbeats import heard_by_quorum, hears_no_one, watched
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
 
@@ -78,6 +85,8 @@ MAX_PACKET = 4096
 RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
+MAX_ECHO = 64                     # agents one heartbeat may echo (the most recently heard first)
+SENT_KEPT = 64                    # own heartbeats whose sending time is kept, to date their echoes
 PROBE_AFTER = 2                   # heartbeat intervals of silence after which a target's port is probed
 HINT_WINDOW = 2                   # heartbeat intervals a hinted target's refusal is looked for
 HINT_RECHECK_S = 0.005            # how often, meanwhile (an ICMP answer takes one round trip)
@@ -120,11 +129,13 @@ class HeartbeatRunner:
                  announce: Callable[[], Announcement],
                  on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None,
                  on_refused: Callable[[str, str, str], None] | None = None,
-                 watch: Callable[[], WatchPlan | None] = lambda: None) -> None:
+                 watch: Callable[[], WatchPlan | None] = lambda: None,
+                 on_heard: Callable[[bool], None] = lambda heard: None) -> None:
         """Args (beyond the obvious):
             targets: every agent of the job (heartbeats go to each).
             watch: (the job's agents read from the committed log, the voters' agents), from which the agents this
                 one judges are chosen (`p2pgen.core.heartbeats.watched`); None: judge every target.
+            on_heard: called from the runner's thread when `heard_by_job` changes, with its new value.
         """
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
@@ -148,6 +159,10 @@ class HeartbeatRunner:
         self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
         self._stalled_until: dict[str, float] = {}        # target -> end of its stall report (guarded by _lock)
         self._wake = threading.Event()                    # a hint (or stop) ends the thread's sleep
+        self._on_heard = on_heard
+        self._sent: dict[int, float] = {}                 # own seq -> when it was sent (own thread)
+        self._echoed: dict[str, float] = {}               # agent -> when we sent the newest it echoed (own thread)
+        self._heard_by_job = True                         # the lease (read by other threads)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -178,6 +193,11 @@ class HeartbeatRunner:
         """Agents currently suspected (reported and not heard from since)."""
         with self._lock:
             return set(self._reported)
+
+    def heard_by_job(self) -> bool:
+        """Whether the job is proven to hear this agent: more than half of itself and the agents it judges echoed
+        one of its heartbeats sent within the detector's stalled floor (see the module docstring)."""
+        return self._heard_by_job
 
     def _callers(self) -> set[str]:
         """Agents that sent us a signed heartbeat without being a target; dropped once suspected."""
@@ -277,6 +297,7 @@ class HeartbeatRunner:
         send_to, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)
+        self._judge_heard(targets, time.monotonic())
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
         self._judge(targets, time.monotonic())
@@ -328,6 +349,8 @@ class HeartbeatRunner:
                 self._reported.clear()
             reported = set(self._reported)
         self._unheard_since.clear()
+        for peer, sent in self._echoed.items():
+            self._echoed[peer] = now if gap is None else min(now, sent + gap)
         for peer in self._history.peers():
             if peer in reported:
                 continue
@@ -339,8 +362,10 @@ class HeartbeatRunner:
         known = set(self._history.peers())
         for peer in targets - known:
             self._history.record(peer, now)       # a new node gets a full timeout before judgement
+            self._echoed[peer] = now              # and a full lease before it counts against us
         for peer in known - targets:
             self._history.forget(peer)
+            self._echoed.pop(peer, None)
             self._unheard_since.pop(peer, None)
             with self._lock:
                 self._reported.discard(peer)
@@ -350,10 +375,33 @@ class HeartbeatRunner:
     def _packet(self) -> bytes:
         """A new signed heartbeat (the next sequence number)."""
         self._seq += 1
+        self._sent[self._seq] = time.monotonic()
+        self._sent.pop(self._seq - SENT_KEPT, None)
         me = self._announce()
         unheard = sorted(self.suspected() | self._silent)[:MAX_UNHEARD]
-        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
+        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard,
+                              self._echo()])
         return body + self._prover.prove(body)
+
+    def _echo(self) -> list[list[str | int]]:
+        """[agent, the newest seq heard from it] for the agents judged now, the most recently heard first."""
+        tracked = [peer for peer in self._history.peers() if peer in self._last_seq]
+        tracked.sort(key=lambda peer: self._history.stats(peer).last, reverse=True)
+        return [[peer, self._last_seq[peer][1]] for peer in tracked[:MAX_ECHO]]
+
+    def _take_echo(self, sender: str, echo: list[list[str | int]]) -> None:
+        """Date `sender`'s echo of our heartbeats (by when we sent the one it names): a round trip."""
+        for agent, seq in echo:
+            sent = self._sent.get(seq) if agent == self.self_addr else None     # type: ignore[arg-type]
+            if sent is not None:
+                self._echoed[sender] = max(sent, self._echoed.get(sender, sent))
+
+    def _judge_heard(self, targets: set[str], now: float) -> None:
+        """Renew or lose the lease (`heard_by_job`); tell `on_heard` when it changes."""
+        heard = heard_by_quorum(self._echoed, targets, now, min(self.config.stalled_floor, self.config.floor))
+        if heard != self._heard_by_job:
+            self._heard_by_job = heard
+            self._on_heard(heard)
 
     def _send(self, send_to: set[str], judged: set[str]) -> None:
         """Send this round's heartbeat to every agent of `send_to`; a silent one of `judged` gets it on its probe."""
@@ -468,10 +516,14 @@ class HeartbeatRunner:
         if len(packet) <= TAG_BYTES or not self._prover.verify(tag, body):
             return self._drop("forged", "not signed with this job's heartbeat key")
         try:
-            job, sender, seq, instance, node, eligible, unheard = msgpack.unpackb(body)
+            job, sender, seq, instance, node, eligible, unheard, echo = msgpack.unpackb(body)
             if not isinstance(unheard, list) or len(unheard) > MAX_UNHEARD or \
                     not all(isinstance(a, str) for a in unheard):
                 raise ValueError(f"unheard {unheard!r} is not a list of at most {MAX_UNHEARD} addresses")
+            if not isinstance(echo, list) or len(echo) > MAX_ECHO or not all(
+                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int)
+                    for e in echo):
+                raise ValueError(f"echo {echo!r} is not a list of at most {MAX_ECHO} [address, seq] pairs")
             heard = Announcement(str(instance), str(node), bool(eligible), tuple(unheard))
             _, colon, port = sender.rpartition(":")
             if not (colon and port.isdigit()) or not isinstance(seq, int):
@@ -498,6 +550,7 @@ class HeartbeatRunner:
         self._history.record(sender, now)
         self._last_arrival = max(self._last_arrival, now)
         self._judge_deafness(sender, heard, now)
+        self._take_echo(sender, echo)
 
     def _judge_deafness(self, sender: str, heard: Announcement, now: float) -> None:
         """Report `sender` once it has said for the detector's timeout that it cannot hear this agent; forget

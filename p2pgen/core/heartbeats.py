@@ -11,15 +11,18 @@ Owns no state: the heartbeat runner (`p2pgen.agent.heartbeat`) and the agent's h
   whom: in a job of more than WATCH_FANOUT other agents, each agent is watched by its WATCH_FANOUT neighbours in
   the job's fixed ring order (the relation is symmetric), by every agent when it runs a voter, and always by the
   Raft leader's agent (which watches every agent: its caller passes no ring); up to WATCH_FANOUT others, every
-  agent watches every other, as before.
+  agent watches every other, as before;
+- `heard_by_quorum` counts only round trips: hearing a peer says nothing about whether it hears us (a one-way
+  cut drops what we send and leaves what we receive), so an agent is heard only while a majority of itself and
+  the agents it watches echoed, within the lease, heartbeats it sent.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-__all__ = ["WATCH_FANOUT", "acts_on_loss", "hears_no_one", "watched"]
+__all__ = ["WATCH_FANOUT", "acts_on_loss", "heard_by_quorum", "hears_no_one", "watched"]
 
 WATCH_FANOUT = 8        # ring neighbours an agent judges once the job has more other agents than this
 
@@ -46,6 +49,25 @@ def hears_no_one(others: int, quiet_for: float, floor: float) -> bool:
         floor: the detector's floor (seconds).
     """
     return others >= 2 and quiet_for > floor / 2
+
+
+def heard_by_quorum(echoed: Mapping[str, float], watched: Iterable[str], now: float, lease: float) -> bool:
+    """Whether the job is proven to hear this agent: counting itself, more than half of itself and the agents it
+    watches echoed, in their own heartbeats, a heartbeat of this agent sent at most `lease` seconds before `now`.
+    Only a round trip renews the lease; the agents it merely hears renew nothing.
+
+    Args:
+        echoed: agent -> when (this agent's clock) it sent the newest of its heartbeats that agent echoed; an agent
+            not watched long enough to answer is given the time it was first watched (a full lease of grace).
+        watched: the agents whose heartbeats this agent judges (every other agent of a small job; beyond the
+            fanout its ring neighbours and the voters' agents, most of which watch it back).
+        now: this agent's clock.
+        lease: seconds a round trip proves this agent heard (the detector's stalled floor: the shortest silence
+            after which any agent may suspect it).
+    """
+    others = frozenset(watched)
+    fresh = sum(1 for agent in others if now - echoed.get(agent, float("-inf")) <= lease)
+    return 2 * (1 + fresh) > 1 + len(others)
 
 
 def _ring_key(agent: str) -> bytes:

@@ -1,12 +1,14 @@
 """The heartbeat verdicts (p2pgen.core.heartbeats), as tables: which lost agents are acted on, when an agent
-that hears none of its peers blames none of them, and whose heartbeats an agent judges. The shells calling them:
+that hears none of its peers blames none of them, whose heartbeats an agent judges, and when the job is proven
+to hear an agent (only round trips count), with the fence the application applies to its view. The shells calling them:
 tests/agent/test_agent_lost.py and tests/agent/test_heartbeat.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, hears_no_one, watched
+from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, heard_by_quorum, hears_no_one, watched
+from p2pgen.core.view import JobView, cut_off
 
 
 @pytest.mark.parametrize(("has_node", "proven", "acted_on"), [
@@ -68,3 +70,47 @@ def test_watching_is_symmetric_and_every_agent_has_the_same_number_of_watchers(a
 def test_an_odd_or_too_small_fanout_is_refused(fanout: int):
     with pytest.raises(ValueError, match="even number of at least 2"):
         watched("10.0.0.1:27000", FIVE, [], fanout)
+
+
+LEASE, NOW = 0.3, 100.0
+FIVE = ("b", "c", "d", "e")       # the agents a member's agent watches in a job of five
+
+
+@pytest.mark.parametrize(("echo_ages", "heard"), [
+    ({}, False),                                                  # a one-way cut: it hears all, none echoes it
+    ({"b": 0.1}, False),                                          # cut off with one other agent (2 of 5)
+    ({"b": 0.1, "c": 0.2}, True),                                 # 3 of 5, itself counted: a majority
+    ({"b": 0.1, "c": 0.3}, True),                                 # an echo exactly one lease old still counts
+    ({"b": 0.1, "c": 0.31}, False),                               # one just older: 2 of 5
+    ({"b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0}, True),
+])
+def test_the_job_hears_an_agent_only_while_a_majority_echoed_its_heartbeats_within_the_lease(echo_ages, heard):
+    echoed = {agent: NOW - age for agent, age in echo_ages.items()}
+    assert heard_by_quorum(echoed, FIVE, NOW, LEASE) is heard
+
+
+@pytest.mark.parametrize(("watched_agents", "echoed", "heard"), [
+    ((), {}, True),                        # alone in the job: it hears itself
+    (("b",), {}, False),                   # two agents: the other must answer
+    (("b",), {"b": NOW}, True),
+    (("b", "c", "d"), {"b": NOW}, False),  # 2 of 4 is no majority
+    (("b", "c", "d"), {"b": NOW, "x": NOW}, False),   # an echo from an agent it does not watch counts for nothing
+])
+def test_a_quorum_is_more_than_half_of_the_agent_and_those_it_watches(watched_agents, echoed, heard):
+    assert heard_by_quorum(echoed, watched_agents, NOW, LEASE) is heard
+
+
+def view(leader: str | None, heard: bool) -> JobView:
+    return JobView(job="j", instance="i", index=1, leader=leader, agents=5, members=(), active=None, pending=None,
+                   tombstones=frozenset(), state_epoch=0, forks=(), heard=heard)
+
+
+@pytest.mark.parametrize(("leader", "heard", "fenced"), [
+    ("n1", True, None),
+    (None, True, "hears no Raft leader"),
+    (None, False, "hears no Raft leader"),
+    ("n1", False, "is not heard by the job"),    # one-way cut: it hears the leader, nobody hears it
+])
+def test_a_member_stops_committing_when_its_agent_hears_no_leader_or_is_not_heard(leader, heard, fenced):
+    why = cut_off(view(leader, heard))
+    assert (why is None) if fenced is None else (why is not None and why.startswith(fenced))
