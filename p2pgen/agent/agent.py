@@ -639,6 +639,7 @@ class Agent:
         the drain's deadline to finish (it still serves its state meanwhile). The steps and what is said are the
         pure plan's (`p2pgen.core.leaving`); this performs them."""
         plan = leave_plan(self.app is not None, app_stopping, self.node is not None, self.incarnation is not None)
+        leaving_app = self.app.incarnation if self.app is not None else None
         self._leaving.set()
         self._drop_standby()
         if plan.stop_app:
@@ -646,10 +647,11 @@ class Agent:
         if not plan.raft:
             return
         recorded = not plan.record      # no member to record the leave of
+        incarnation = self.incarnation if self.incarnation is not None else leaving_app
         try:
             try:
-                if plan.record and self.incarnation is not None:
-                    self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
+                if plan.record and incarnation is not None:
+                    self.node.submit(Leave(self.config.peer_id, incarnation, at=time.time()), timeout=3.0)
                     recorded = True
             finally:
                 if plan.await_app:
