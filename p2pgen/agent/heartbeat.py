@@ -289,6 +289,8 @@ class HeartbeatRunner:
 
     def _round(self, now: float, late: float) -> None:
         """One heartbeat round; `late`: how far past its planned start it runs (our own stall)."""
+        if late > self.config.heartbeat_interval:     # no echo could come while we stalled: not the job's doing
+            self._echoed = {peer: min(now, sent + late) for peer, sent in self._echoed.items()}
         if late > self.config.floor:
             self._forgive_all(now, late)
         elif self._reset_requested:
@@ -297,7 +299,7 @@ class HeartbeatRunner:
         send_to, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)
-        self._judge_heard(targets, time.monotonic())
+        self._judge_heard(targets, now)           # the round's start: a stall inside it is the next round's lateness
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
         self._judge(targets, time.monotonic())
@@ -349,8 +351,8 @@ class HeartbeatRunner:
                 self._reported.clear()
             reported = set(self._reported)
         self._unheard_since.clear()
-        for peer, sent in self._echoed.items():
-            self._echoed[peer] = now if gap is None else min(now, sent + gap)
+        if gap is None:
+            self._echoed = dict.fromkeys(self._echoed, now)
         for peer in self._history.peers():
             if peer in reported:
                 continue

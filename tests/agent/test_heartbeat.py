@@ -180,6 +180,32 @@ def test_an_agent_whose_sends_are_dropped_loses_its_lease_within_the_stalled_flo
         faults.watch(None)
 
 
+@pytest.mark.timeout(30)
+def test_our_own_stall_does_not_cost_the_lease():
+    """A's thread starves for longer than the lease (and the floor): no echo could reach it meanwhile, which is
+    not the job's doing, so the lease is judged from the end of the stall and never lost."""
+    a_addr, b_addr = spread_ports(2)
+    stall, stalled = threading.Event(), threading.Event()
+    changes: list[bool] = []
+
+    def targets_of_a() -> set[str]:
+        if stall.is_set() and not stalled.is_set():
+            time.sleep(0.5)
+            stalled.set()
+        return {b_addr}
+
+    host, _, port = a_addr.rpartition(":")
+    a = HeartbeatRunner(host, int(port), KEY, "job", a_addr, CONFIG, targets_of_a, lambda *args: None,
+                        announce=lambda: Announcement("i-" + a_addr, "", False), on_heard=changes.append)
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    with running(a, b):
+        wait_for(lambda: b_addr in a.heard() and a.heard_by_job())
+        stall.set()
+        wait_for(stalled.is_set)
+        time.sleep(10 * CONFIG.heartbeat_interval)
+        assert changes == [] and a.heard_by_job()
+
+
 REFUSAL_CONFIG = DetectorConfig(kind="fixed", timeout=60.0, floor=0.2, heartbeat_interval=0.05, window=10)
 
 
