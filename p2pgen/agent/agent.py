@@ -185,7 +185,8 @@ class Agent:
                                               peer, old, f"replaced by a new agent process ({new})", proven=True),
                                           on_refused=lambda peer, inst, why: self._agent_lost(peer, inst, why,
                                                                                               proven=True),
-                                          watch=self._heartbeat_watch, on_heard=self._heard_changed)
+                                          watch=self._heartbeat_watch, on_heard=self._heard_changed,
+                                          lease_plan=self._lease_plan)
         self.membership.on_link_lost = self._raft_link_lost
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
@@ -718,6 +719,14 @@ class Agent:
         whose suspicion can commit whichever of its ring neighbours failed with it."""
         view = self.membership.view()
         if view is None or view.is_leader:
+            return None
+        return frozenset(self._known_agents_of(view)), frozenset(control_addr_of(n) for n in view.nodes)
+
+    def _lease_plan(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """The job's agents and the voters' agents from the committed log, whoever leads (the heartbeats choose
+        whose echoes renew this agent's lease from them); None while this agent has no view."""
+        view = self.membership.view()
+        if view is None:
             return None
         return frozenset(self._known_agents_of(view)), frozenset(control_addr_of(n) for n in view.nodes)
 

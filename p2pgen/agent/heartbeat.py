@@ -31,8 +31,9 @@ Invariants kept:
   an agent that can speak but not listen gets no Raft log and can vote for nothing, so left in the job it would
   hold every generation change until the link heals (a one-way partition);
 - every heartbeat also echoes, for each agent it judges and heard, the newest sequence number heard from it. The
-  job is proven to hear this agent (`heard_by_job`) while more than half of itself and the agents it judges echoed
-  one of its heartbeats sent within the detector's stalled floor (`p2pgen.core.heartbeats.heard_by_quorum`): only
+  job is proven to hear this agent (`heard_by_job`) while a majority of its lease quorum (the voters' agents, itself
+  counted when it runs a voter: `p2pgen.core.heartbeats.lease_quorum`) echoed one of its heartbeats sent within
+  the detector's stalled floor (`heard_by_quorum`): only
   a round trip renews that lease, so an agent whose sends are dropped while it still hears everyone (a one-way
   cut) loses it within the stalled floor, before any agent may suspect it, and its member stops committing
   (`p2pgen.core.view.cut_off`). A newly judged agent counts as heard for one lease; our own stall is taken out
@@ -74,7 +75,7 @@ import msgpack
 
 from p2pgen import faults
 from p2pgen.auth import Prover
-from p2pgen.core.heartbeats import heard_by_quorum, hears_no_one, watched
+from p2pgen.core.heartbeats import heard_by_quorum, hears_no_one, lease_quorum, watched
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
 
@@ -130,12 +131,16 @@ class HeartbeatRunner:
                  on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None,
                  on_refused: Callable[[str, str, str], None] | None = None,
                  watch: Callable[[], WatchPlan | None] = lambda: None,
-                 on_heard: Callable[[bool], None] = lambda heard: None) -> None:
+                 on_heard: Callable[[bool], None] = lambda heard: None,
+                 lease_plan: Callable[[], WatchPlan | None] = lambda: None) -> None:
         """Args (beyond the obvious):
             targets: every agent of the job (heartbeats go to each).
             watch: (the job's agents read from the committed log, the voters' agents), from which the agents this
                 one judges are chosen (`p2pgen.core.heartbeats.watched`); None: judge every target.
             on_heard: called from the runner's thread when `heard_by_job` changes, with its new value.
+            lease_plan: (the job's agents, the voters' agents) from the committed log, whoever leads, from which
+                the agents whose echoes renew the lease are chosen (`p2pgen.core.heartbeats.lease_quorum`); None:
+                not known (the agents judged renew it).
         """
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
@@ -159,7 +164,8 @@ class HeartbeatRunner:
         self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
         self._stalled_until: dict[str, float] = {}        # target -> end of its stall report (guarded by _lock)
         self._wake = threading.Event()                    # a hint (or stop) ends the thread's sleep
-        self._on_heard = on_heard
+        self._on_heard, self._lease_plan = on_heard, lease_plan
+        self._quorum_of: tuple[WatchPlan | None, frozenset[str], tuple[frozenset[str], bool]] | None = None
         self._sent: dict[int, float] = {}                 # own seq -> when it was sent (own thread)
         self._echoed: dict[str, float] = {}               # agent -> when we sent the newest it echoed (own thread)
         self._heard_by_job = True                         # the lease (read by other threads)
@@ -195,8 +201,8 @@ class HeartbeatRunner:
             return set(self._reported)
 
     def heard_by_job(self) -> bool:
-        """Whether the job is proven to hear this agent: more than half of itself and the agents it judges echoed
-        one of its heartbeats sent within the detector's stalled floor (see the module docstring)."""
+        """Whether the job is proven to hear this agent: a majority of its lease quorum echoed one of its heartbeats
+        sent within the detector's stalled floor (see the module docstring)."""
         return self._heard_by_job
 
     def _callers(self) -> set[str]:
@@ -398,9 +404,20 @@ class HeartbeatRunner:
             if sent is not None:
                 self._echoed[sender] = max(sent, self._echoed.get(sender, sent))
 
+    def _lease_quorum(self, judged: set[str]) -> tuple[frozenset[str], bool]:
+        """`lease_quorum` for the current lease plan, computed again only when the plan or the judged agents
+        change."""
+        plan, frozen = self._lease_plan(), frozenset(judged)
+        if self._quorum_of is None or self._quorum_of[:2] != (plan, frozen):
+            ring, voters = plan if plan is not None else (None, None)
+            self._quorum_of = (plan, frozen, lease_quorum(self.self_addr, frozen, ring, voters))
+        return self._quorum_of[2]
+
     def _judge_heard(self, targets: set[str], now: float) -> None:
         """Renew or lose the lease (`heard_by_job`); tell `on_heard` when it changes."""
-        heard = heard_by_quorum(self._echoed, targets, now, min(self.config.stalled_floor, self.config.floor))
+        quorum, counts_itself = self._lease_quorum(targets)
+        heard = heard_by_quorum(self._echoed, quorum, counts_itself, now,
+                                min(self.config.stalled_floor, self.config.floor))
         if heard != self._heard_by_job:
             self._heard_by_job = heard
             self._on_heard(heard)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, heard_by_quorum, hears_no_one, watched
+from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, heard_by_quorum, hears_no_one, lease_quorum, watched
 from p2pgen.core.view import JobView, cut_off
 
 
@@ -86,18 +86,35 @@ FIVE = ("b", "c", "d", "e")       # the agents a member's agent watches in a job
 ])
 def test_the_job_hears_an_agent_only_while_a_majority_echoed_its_heartbeats_within_the_lease(echo_ages, heard):
     echoed = {agent: NOW - age for agent, age in echo_ages.items()}
-    assert heard_by_quorum(echoed, FIVE, NOW, LEASE) is heard
+    assert heard_by_quorum(echoed, FIVE, True, NOW, LEASE) is heard
 
 
-@pytest.mark.parametrize(("watched_agents", "echoed", "heard"), [
-    ((), {}, True),                        # alone in the job: it hears itself
-    (("b",), {}, False),                   # two agents: the other must answer
-    (("b",), {"b": NOW}, True),
-    (("b", "c", "d"), {"b": NOW}, False),  # 2 of 4 is no majority
-    (("b", "c", "d"), {"b": NOW, "x": NOW}, False),   # an echo from an agent it does not watch counts for nothing
+@pytest.mark.parametrize(("quorum", "counts_itself", "echoed", "heard"), [
+    ((), True, {}, True),                          # alone in the job: it hears itself
+    (("b",), True, {}, False),                     # two agents: the other must answer
+    (("b",), True, {"b": NOW}, True),
+    (("b", "c", "d"), True, {"b": NOW}, False),    # 2 of 4 is no majority
+    (("b", "c", "d"), True, {"b": NOW, "x": NOW}, False),   # an echo from outside the quorum counts for nothing
+    (("v1", "v2", "v3"), False, {"v1": NOW}, False),        # no vote of its own: 2 of 3 voters must echo
+    (("v1", "v2", "v3"), False, {"v1": NOW, "v2": NOW}, True),
+    (("v2", "v3"), True, {"v2": NOW}, True),       # a voter's agent: itself and one of the two others
 ])
-def test_a_quorum_is_more_than_half_of_the_agent_and_those_it_watches(watched_agents, echoed, heard):
-    assert heard_by_quorum(echoed, watched_agents, NOW, LEASE) is heard
+def test_a_quorum_is_more_than_half_of_the_voters_agents_counting_itself_when_it_runs_one(quorum, counts_itself,
+                                                                                       echoed, heard):
+    assert heard_by_quorum(echoed, quorum, counts_itself, NOW, LEASE) is heard
+
+
+def test_the_lease_quorum_is_the_voters_agents_that_read_this_agents_heartbeats():
+    small = ["a", "b", "c", "d", "e"]
+    assert lease_quorum("a", {"b", "c", "d", "e"}, small, {"a", "b", "c"}) == (frozenset({"b", "c"}), True)
+    assert lease_quorum("d", {"a", "b", "c", "e"}, small, {"a", "b", "c"}) == (frozenset({"a", "b", "c"}), False)
+    assert lease_quorum("a", {"b", "c"}, None, None) == (frozenset({"b", "c"}), True)     # no view yet
+    big = [f"n{i}" for i in range(40)]
+    me = next(a for a in big[3:] if not {"n0", "n1", "n2"} & watched(a, big, ()))   # no voter near it
+    judged = watched(me, big, {"n0", "n1", "n2"})
+    assert lease_quorum(me, judged, big, {"n0", "n1", "n2"}) == (judged, True)
+    near = sorted(watched(me, big, ()))[0]              # make a neighbour a voter: it alone reads our heartbeats
+    assert lease_quorum(me, judged, big, {"n0", near}) == (frozenset({near}), False)
 
 
 def view(leader: str | None, heard: bool) -> JobView:
