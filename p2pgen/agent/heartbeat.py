@@ -75,7 +75,7 @@ import msgpack
 
 from p2pgen import faults
 from p2pgen.auth import Prover
-from p2pgen.core.heartbeats import heard_by_quorum, hears_no_one, lease_quorum, watched
+from p2pgen.core.heartbeats import hears_no_one, lease_quorum, lease_runs_out, watched
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
 
@@ -87,6 +87,7 @@ RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
 MAX_ECHO = 64                     # agents one heartbeat may echo (the most recently heard first)
+LEASE_WAKE_S = 0.001              # past the lease's end when the thread wakes to judge it
 SENT_KEPT = 64                    # own heartbeats whose sending time is kept, to date their echoes
 PROBE_AFTER = 2                   # heartbeat intervals of silence after which a target's port is probed
 HINT_WINDOW = 2                   # heartbeat intervals a hinted target's refusal is looked for
@@ -169,6 +170,7 @@ class HeartbeatRunner:
         self._sent: dict[int, float] = {}                 # own seq -> when it was sent (own thread)
         self._echoed: dict[str, float] = {}               # agent -> when we sent the newest it echoed (own thread)
         self._heard_by_job = True                         # the lease (read by other threads)
+        self._lease_until = math.inf                      # when it runs out unless an echo comes (own thread)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -290,6 +292,8 @@ class HeartbeatRunner:
             wait = next_send - time.monotonic()
             if self._hinted:
                 wait = min(wait, HINT_RECHECK_S)
+            if self._heard_by_job:             # judge the lease when it runs out, not at the next round
+                wait = min(wait, self._lease_until + LEASE_WAKE_S - time.monotonic())
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
 
@@ -312,11 +316,13 @@ class HeartbeatRunner:
         self._send(send_to, targets)
 
     def _hint_turn(self, now: float) -> None:
-        """Between rounds: probe newly hinted targets, take what arrived, look for their refusals. The targets
-        are tracked as in a round (one that joined since the last round gets its history first)."""
+        """Between rounds: probe newly hinted targets, take what arrived, judge the lease (the thread wakes when it
+        runs out), look for their refusals. The targets are tracked as in a round (one that joined since the last
+        round gets its history first)."""
         _, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)              # an arrival after a probe left says the target lives
+        self._judge_heard(targets, now)
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
 
@@ -416,8 +422,9 @@ class HeartbeatRunner:
     def _judge_heard(self, targets: set[str], now: float) -> None:
         """Renew or lose the lease (`heard_by_job`); tell `on_heard` when it changes."""
         quorum, counts_itself = self._lease_quorum(targets)
-        heard = heard_by_quorum(self._echoed, quorum, counts_itself, now,
-                                min(self.config.stalled_floor, self.config.floor))
+        self._lease_until = lease_runs_out(self._echoed, quorum, counts_itself,
+                                           min(self.config.stalled_floor, self.config.floor))
+        heard = now <= self._lease_until
         if heard != self._heard_by_job:
             self._heard_by_job = heard
             self._on_heard(heard)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-__all__ = ["WATCH_FANOUT", "acts_on_loss", "heard_by_quorum", "hears_no_one", "lease_quorum", "watched"]
+__all__ = ["WATCH_FANOUT", "acts_on_loss", "heard_by_quorum", "hears_no_one", "lease_quorum", "lease_runs_out",
+           "watched"]
 
 WATCH_FANOUT = 8        # ring neighbours an agent judges once the job has more other agents than this
 
@@ -77,23 +78,31 @@ def lease_quorum(me: str, judged: Iterable[str], ring: Iterable[str] | None = No
     return frozenset(judged) - {me}, True
 
 
-def heard_by_quorum(echoed: Mapping[str, float], quorum: Iterable[str], counts_itself: bool, now: float,
-                    lease: float) -> bool:
-    """Whether the job is proven to hear this agent: more than half of `quorum` (and of itself, when it counts)
-    echoed, in their own heartbeats, a heartbeat of this agent sent at most `lease` seconds before `now`. Only a
-    round trip renews the lease; the agents it merely hears renew nothing.
+def lease_runs_out(echoed: Mapping[str, float], quorum: Iterable[str], counts_itself: bool, lease: float) -> float:
+    """When this agent stops being proven heard unless another echo comes: more than half of `quorum` (and of
+    itself, when it counts) must have echoed, in their own heartbeats, a heartbeat of this agent sent at most
+    `lease` seconds earlier. Only a round trip renews the lease; the agents it merely hears renew nothing.
+    Infinite when it needs no echo (alone in the job).
 
     Args:
         echoed: agent -> when (this agent's clock) it sent the newest of its heartbeats that agent echoed; an agent
             not judged long enough to answer is given the time it was first judged (a full lease of grace).
         quorum, counts_itself: from `lease_quorum`.
-        now: this agent's clock.
         lease: seconds a round trip proves this agent heard (the detector's stalled floor: the shortest silence
             after which any agent may suspect it).
     """
     others = frozenset(quorum)
-    fresh = sum(1 for agent in others if now - echoed.get(agent, float("-inf")) <= lease)
-    return 2 * (fresh + counts_itself) > len(others) + counts_itself
+    needed = (len(others) + counts_itself) // 2 + 1 - counts_itself     # echoes for a strict majority
+    if needed <= 0:
+        return float("inf")
+    newest_first = sorted((echoed.get(agent, float("-inf")) for agent in others), reverse=True)
+    return newest_first[needed - 1] + lease if needed <= len(newest_first) else float("-inf")
+
+
+def heard_by_quorum(echoed: Mapping[str, float], quorum: Iterable[str], counts_itself: bool, now: float,
+                    lease: float) -> bool:
+    """Whether the job is proven to hear this agent at `now` (this agent's clock): `lease_runs_out` not passed."""
+    return now <= lease_runs_out(echoed, quorum, counts_itself, lease)
 
 
 def _ring_key(agent: str) -> bytes:

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, heard_by_quorum, hears_no_one, lease_quorum, watched
+from p2pgen.core.heartbeats import (
+    WATCH_FANOUT,
+    acts_on_loss,
+    heard_by_quorum,
+    hears_no_one,
+    lease_quorum,
+    lease_runs_out,
+    watched,
+)
 from p2pgen.core.view import JobView, cut_off
 
 
@@ -102,6 +110,13 @@ def test_the_job_hears_an_agent_only_while_a_majority_echoed_its_heartbeats_with
 def test_a_quorum_is_more_than_half_of_the_voters_agents_counting_itself_when_it_runs_one(quorum, counts_itself,
                                                                                        echoed, heard):
     assert heard_by_quorum(echoed, quorum, counts_itself, NOW, LEASE) is heard
+
+
+def test_the_lease_runs_out_a_lease_after_the_echo_that_completes_the_newest_majority():
+    echoed = {"b": 99.9, "c": 99.5, "d": 99.0}
+    assert lease_runs_out(echoed, FIVE, True, LEASE) == 99.5 + LEASE        # itself, b and c: 3 of 5
+    assert lease_runs_out(echoed, ("v1", "v2", "v3"), False, LEASE) == float("-inf")   # no voter echoed
+    assert lease_runs_out({}, (), True, LEASE) == float("inf")             # alone: never runs out
 
 
 def test_the_lease_quorum_is_the_voters_agents_that_read_this_agents_heartbeats():
