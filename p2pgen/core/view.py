@@ -171,7 +171,7 @@ def cut_off(view: JobView) -> str | None:
     if view.leader is None:
         return "hears no Raft leader"
     if not view.heard:
-        return "is not heard by the job (no round trip with a majority of the agents it watches within its lease)"
+        return "is not heard by the job (no round trip with a majority of its lease quorum within the lease)"
     return None
 
 
