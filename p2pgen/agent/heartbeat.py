@@ -31,11 +31,11 @@ Invariants kept:
   an agent that can speak but not listen gets no Raft log and can vote for nothing, so left in the job it would
   hold every generation change until the link heals (a one-way partition);
 - every heartbeat also echoes, for each agent it judges and heard, the newest sequence number heard from it. The
-  job is proven to hear this agent (`heard_by_job`) while a majority of its lease quorum (the voters' agents, itself
-  counted when it runs a voter: `p2pgen.core.heartbeats.lease_quorum`) echoed one of its heartbeats sent within
-  the detector's stalled floor (`heard_by_quorum`): only
-  a round trip renews that lease, so an agent whose sends are dropped while it still hears everyone (a one-way
-  cut) loses it within the stalled floor, before any agent may suspect it, and its member stops committing
+  job is proven to hear this agent (`heard_by_job`) while a majority of its lease quorum (the voters' agents,
+  itself counted when it runs a voter: `p2pgen.core.heartbeats.lease_quorum`) echoed one of its heartbeats sent
+  within the detector's stalled floor (`lease_runs_out`; the thread wakes when it does): only a round trip renews
+  that lease, so an agent whose sends are dropped while it still hears everyone (a one-way cut) loses it within
+  the stalled floor, before any agent may suspect it, and its member stops committing
   (`p2pgen.core.view.cut_off`). A newly judged agent counts as heard for one lease; our own stall is taken out
   of the lease as out of the silences;
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
@@ -406,7 +406,7 @@ class HeartbeatRunner:
     def _take_echo(self, sender: str, echo: list[list[str | int]]) -> None:
         """Date `sender`'s echo of our heartbeats (by when we sent the one it names): a round trip."""
         for agent, seq in echo:
-            sent = self._sent.get(seq) if agent == self.self_addr else None     # type: ignore[arg-type]
+            sent = self._sent.get(seq) if agent == self.self_addr and isinstance(seq, int) else None
             if sent is not None:
                 self._echoed[sender] = max(sent, self._echoed.get(sender, sent))
 
