@@ -8,6 +8,9 @@ Five agents train the exact integer mini-training (every agent a voter). Agents 
 - after the heal the minority's applications come back as new incarnations, pull, and every member ends equal to
   the serial reference (equal digests); the Raft trace checker finds no violation.
 The time from the heal to the minority being active again is printed (README, "Partitions as a fault").
+A member alone in its generation (the only application of three agents) whose agent is cut off one way (what it
+sends is dropped, it hears everything) must stop committing within the detector's floor of the cut: it keeps
+hearing the Raft leader, so only the lease (the job's echoes of its heartbeats) can tell it that nobody hears it.
 The third case, a minority that can send but not hear, was a liveness bug: the majority kept hearing the deaf
 agents' heartbeats, so nobody evicted them, while they, hearing no leader, could not vote `ready` for the re-form
 their failed collectives requested. Heartbeats now say whom their sender cannot hear, and an agent that keeps
@@ -27,6 +30,7 @@ from p2pgen import faults
 from p2pgen.raft import checker
 from p2pgen_lab.rigs.agents import active, active_members, free_control_ports
 from tests.integration.test_state_survives import committed, finish
+from tests.integration.test_training import read_traces
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -116,3 +120,30 @@ def test_a_minority_that_can_hear_but_not_speak_activates_nothing_and_rejoins(cl
 
 def test_a_minority_that_can_speak_but_not_hear_is_left_behind_by_the_majority(cluster, tmp_path, monkeypatch):
     run_partition(cluster, tmp_path, monkeypatch, "deaf")
+
+
+def test_a_member_alone_whose_agent_cannot_speak_stops_committing_within_the_floor(cluster, tmp_path, monkeypatch):
+    traces, rules = tmp_path / "traces", tmp_path / "faults.json"
+    traces.mkdir()
+    faults.heal(rules)
+    for key, value in (("EXACT_STEP_DELAY", "0.01"), ("EXACT_STEPS", 100000), ("P2PGEN_TRACE_DIR", traces),
+                       (faults.ENV, rules)):
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(3)]
+    for i, addr in enumerate(addrs):
+        cluster.start(f"p{i}", addr, [a for a in addrs if a != addr], command=APP if i == 0 else None,
+                      extra=("--min-members=1",))
+    cluster.wait(addrs[0], lambda s: active(s) is not None and len(s["raft"]["voters"]) == 3, 90)
+    cluster.wait_until(lambda: committed(traces) >= 20, 90, "20 steps committed")
+    faults.write_partition(rules, [[addrs[0]], addrs[1:]], one_way=True)
+    cut = time.time()
+    time.sleep(3.0)                     # beyond the floor, the timeout and an election: the old fence's reach
+    faults.heal(rules)
+    window = faults.Window(cut, time.time(), frozenset(addrs[:1]), frozenset({"p0"}), one_way=True)
+    commits = [(e["t"], "p0") for events in read_traces(traces).values() for e in events if e["event"] == "commit"]
+    assert faults.minority_violations([window], commits, []) == []
+    assert any(t < cut for t, _ in commits)
+    at_heal = committed(traces)
+    cluster.wait_until(lambda: committed(traces) > at_heal + 10, 60, "training again after the heal")
