@@ -86,7 +86,7 @@ from p2pgen.core.follower import (
     Vote,
     Wait,
 )
-from p2pgen.core.view import ActiveGeneration, JobView
+from p2pgen.core.view import ActiveGeneration, JobView, cut_off
 from p2pgen.errors import AgentLost, Evicted, GenerationChanged, P2PGenError, PeerLost
 from p2pgen.progress import Progress
 from p2pgen.stallreport import StallReporter
@@ -937,7 +937,7 @@ class Peer:
         while not self._closed.is_set():
             try:
                 shown = client._call("wait", io_timeout=WATCH_POLL_S + 5, after_version=self._view.index,
-                                     leader=self._view.leader, timeout=WATCH_POLL_S,
+                                     leader=self._view.leader, heard=self._view.heard, timeout=WATCH_POLL_S,
                                      stop_at_boundary=self._drained.is_set())
                 view = JobView.from_json(shown)
                 if ((shown.get("agent") or {}).get("draining") or {}).get("stop_at_boundary"):
@@ -976,15 +976,16 @@ class Peer:
                           f"{backend.generation}")
 
     def _abort_if_cut_off(self, view: JobView) -> None:
-        """Fence: a member whose agent hears no Raft leader (its node heard none for longer than an election,
-        or led without a quorum) may be cut off from the job, whose majority will soon evict it and go on
-        without it. It stops committing at once (its generation is retired; a reform or an eviction follows
-        once the agent hears the job again): a member alone in its generation, cut off, would otherwise keep
+        """Fence (`p2pgen.core.view.cut_off`): a member whose agent hears no Raft leader, or is not proven heard
+        by the job, may be cut off from it, and the job's majority will soon evict it and go on without it. It
+        stops committing at once (its generation is retired; a reform or an eviction follows once the agent
+        hears the job again and is heard): a member alone in its generation, cut off, would otherwise keep
         committing steps the job never sees."""
         backend = self._backend
-        if backend is None or view.leader is not None or backend.failed is not None:
+        why = cut_off(view)
+        if backend is None or why is None or backend.failed is not None:
             return
-        backend.abort(f"agent of {self.peer_id}#{self.incarnation} hears no Raft leader: this member may be cut "
+        backend.abort(f"agent of {self.peer_id}#{self.incarnation} {why}: this member may be cut "
                       "off from the job and stops committing until it hears the job again")
 
     def _authorize(self, peer_id: str, incarnation: int, generation: int) -> bool:

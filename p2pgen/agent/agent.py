@@ -186,7 +186,8 @@ class Agent:
                                               peer, old, f"replaced by a new agent process ({new})", proven=True),
                                           on_refused=lambda peer, inst, why: self._agent_lost(peer, inst, why,
                                                                                               proven=True),
-                                          watch=self._heartbeat_watch)
+                                          watch=self._heartbeat_watch, on_heard=self._heard_changed,
+                                          lease_plan=self._lease_plan)
         self.membership.on_link_lost = self._raft_link_lost
         grace = config.detector.timeout + 2 * config.detector.heartbeat_interval
         self.voters = VoterManager(self.membership, config.secret, config.job, grace, self.heartbeats.heard,
@@ -647,6 +648,7 @@ class Agent:
         the drain's deadline to finish (it still serves its state meanwhile). The steps and what is said are the
         pure plan's (`p2pgen.core.leaving`); this performs them."""
         plan = leave_plan(self.app is not None, app_stopping, self.node is not None, self.incarnation is not None)
+        leaving_app = self.app.incarnation if self.app is not None else None
         self._leaving.set()
         self._drop_standby()
         if plan.stop_app:
@@ -654,10 +656,11 @@ class Agent:
         if not plan.raft:
             return
         recorded = not plan.record      # no member to record the leave of
+        incarnation = self.incarnation if self.incarnation is not None else leaving_app
         try:
             try:
-                if plan.record and self.incarnation is not None:
-                    self.node.submit(Leave(self.config.peer_id, self.incarnation, at=time.time()), timeout=3.0)
+                if plan.record and incarnation is not None:
+                    self.node.submit(Leave(self.config.peer_id, incarnation, at=time.time()), timeout=3.0)
                     recorded = True
             finally:
                 if plan.await_app:
@@ -727,6 +730,12 @@ class Agent:
         if view is None or view.is_leader:
             return None
         return self._watch_plan_of(view)
+
+    def _lease_plan(self) -> WatchPlan | None:
+        """The job's agents and the voters' agents from the committed log, whoever leads (the heartbeats choose
+        whose echoes renew this agent's lease from them); None while this agent has no view."""
+        view = self.membership.view()
+        return None if view is None else self._watch_plan_of(view)
 
     def _watch_plan_of(self, view: RaftView | None) -> WatchPlan:
         """(the job's other agents, `_known_agents(view)`; the voters' agents) of `view`, computed once per view
@@ -806,6 +815,7 @@ class Agent:
             "raft": {"term": view.term, "index": view.version, "epoch": view.epoch,
                      "applied": [view.log_hash[1], view.log_hash[0]], "leader": view.leader,
                      "leader_agent": control_addr_of(view.leader) if view.leader else None,
+                     "heard": self.heartbeats.heard_by_job(),
                      "nodes": list(view.nodes), "self": view.node_id, "voter": view.voter,
                      "voters": voters, "nonvoters": nonvoters, "agents": self.live_agents(),
                      "hash": [list(c) for c in view.checkpoints[-8:]] + [list(view.log_hash)],
@@ -832,15 +842,28 @@ class Agent:
 
     def _rpc_wait(self, params: dict) -> dict:
         """The view once an entry after `after_version` is applied, or (given `leader`, the leader the caller
-        saw last) once this node's leader changes (lost or another), or after `timeout` seconds."""
+        saw last) once this node's leader changes (lost or another), or (given `heard`) once whether the job is
+        proven to hear this agent changes, or after `timeout` seconds."""
         after = int(params.get("after_version", -1))
         timeout = min(float(params.get("timeout", 5.0)), 30.0)
         self._require_view()
         watch_leader, seen = "leader" in params, params.get("leader")
+        watch_heard, heard_seen = "heard" in params, bool(params.get("heard", True))
         stop_seen = bool(params.get("stop_at_boundary", False))
         self.node.wait_view(lambda v: v.version > after or (watch_leader and v.leader != seen)
+                            or (watch_heard and self.heartbeats.heard_by_job() != heard_seen)
                             or self._app_stop_asked() != stop_seen, timeout)
         return self._rpc_show(params)
+
+    def _heard_changed(self, heard: bool) -> None:
+        """The heartbeats' round trips start or stop proving that the job hears this agent: wake the application's
+        watcher (its `wait`), which fences its member while it is not heard."""
+        if not heard:
+            log.warning("the job is not proven to hear this agent (too few of the agents it watches echoed its "
+                        "heartbeats within %.2f s): its member stops committing", self.config.detector.stalled_floor)
+        node = self.node
+        if node is not None:
+            node.wake_waiters()
 
     def _app_stop_asked(self) -> bool:
         return self._drain is not None and self._drain.app_asked is not None

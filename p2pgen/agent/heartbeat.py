@@ -30,6 +30,14 @@ Invariants kept:
   reported too, though we hear it:
   an agent that can speak but not listen gets no Raft log and can vote for nothing, so left in the job it would
   hold every generation change until the link heals (a one-way partition);
+- every heartbeat also echoes, for each agent it judges and heard, the newest sequence number heard from it. The
+  job is proven to hear this agent (`heard_by_job`) while a majority of its lease quorum (the voters' agents,
+  itself counted when it runs a voter: `p2pgen.core.heartbeats.lease_quorum`) echoed one of its heartbeats sent
+  within the detector's stalled floor (`lease_runs_out`; the thread wakes when it does): only a round trip renews
+  that lease, so an agent whose sends are dropped while it still hears everyone (a one-way cut) loses it within
+  the stalled floor, before any agent may suspect it, and its member stops committing
+  (`p2pgen.core.view.cut_off`). A newly judged agent counts as heard for one lease; our own stall is taken out
+  of the lease as out of the silences;
 - a heartbeat from a new process at a known address (another instance) is reported at once as the end of
   the old one (`on_replaced`): a host replaced at the same address must not look alive to the detector;
 - a target silent for PROBE_AFTER heartbeat intervals gets our heartbeats on a UDP socket connected to it
@@ -69,7 +77,7 @@ import msgpack
 
 from p2pgen import faults
 from p2pgen.auth import Prover
-from p2pgen.core.heartbeats import hears_no_one, watched
+from p2pgen.core.heartbeats import hears_no_one, lease_quorum, lease_runs_out, watched
 from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
 from p2pgen.transport.stats import RejectCounters
 
@@ -80,6 +88,9 @@ MAX_PACKET = 4096
 RETIRED_KEPT = 16                 # replaced instances remembered per address
 REASONS = ("forged", "malformed", "oversized", "wrong_job", "replayed")
 MAX_UNHEARD = 256                 # agents one heartbeat may name as unheard
+MAX_ECHO = 64                     # agents one heartbeat may echo (the most recently heard first)
+LEASE_WAKE_S = 0.001              # past the lease's end when the thread wakes to judge it
+SENT_KEPT = 64                    # own heartbeats whose sending time is kept, to date their echoes
 PROBE_AFTER = 2                   # heartbeat intervals of silence after which a target's port is probed
 HINT_WINDOW = 2                   # heartbeat intervals a hinted target's refusal is looked for
 HINT_RECHECK_S = 0.005            # how often, meanwhile (an ICMP answer takes one round trip)
@@ -153,11 +164,17 @@ class HeartbeatRunner:
                  announce: Callable[[], Announcement],
                  on_replaced: Callable[[str, str, str], None] = lambda addr, old, new: None,
                  on_refused: Callable[[str, str, str], None] | None = None,
-                 watch: Callable[[], WatchPlan | None] = lambda: None) -> None:
+                 watch: Callable[[], WatchPlan | None] = lambda: None,
+                 on_heard: Callable[[bool], None] = lambda heard: None,
+                 lease_plan: Callable[[], WatchPlan | None] = lambda: None) -> None:
         """Args (beyond the obvious):
             targets: every agent of the job (heartbeats go to each).
             watch: (the job's agents read from the committed log, the voters' agents), from which the agents this
                 one judges are chosen (`p2pgen.core.heartbeats.watched`); None: judge every target.
+            on_heard: called from the runner's thread when `heard_by_job` changes, with its new value.
+            lease_plan: (the job's agents, the voters' agents) from the committed log, whoever leads, from which
+                the agents whose echoes renew the lease are chosen (`p2pgen.core.heartbeats.lease_quorum`); None:
+                not known (the agents judged renew it).
         """
         self.key, self.job, self.self_addr, self.config = key, job, self_addr, config
         self._targets, self._on_suspect, self._announce, self._on_replaced = targets, on_suspect, announce, on_replaced
@@ -185,6 +202,12 @@ class HeartbeatRunner:
         self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
         self._stalled_until: dict[str, float] = {}        # target -> end of its stall report (guarded by _lock)
         self._wake = _Bell()                              # a hint (or stop) ends the thread's sleep
+        self._on_heard, self._lease_plan = on_heard, lease_plan
+        self._quorum_of: tuple[WatchPlan | None, frozenset[str], tuple[frozenset[str], bool]] | None = None
+        self._sent: dict[int, float] = {}                 # own seq -> when it was sent (own thread)
+        self._echoed: dict[str, float] = {}               # agent -> when we sent the newest it echoed (own thread)
+        self._heard_by_job = True                         # the lease (read by other threads)
+        self._lease_until = math.inf                      # when it runs out unless an echo comes (own thread)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -214,6 +237,11 @@ class HeartbeatRunner:
         """Agents currently suspected (reported and not heard from since)."""
         with self._lock:
             return set(self._reported)
+
+    def heard_by_job(self) -> bool:
+        """Whether the job is proven to hear this agent: a majority of its lease quorum echoed one of its heartbeats
+        sent within the detector's stalled floor (see the module docstring)."""
+        return self._heard_by_job
 
     def _callers(self) -> set[str]:
         """Agents that sent us a signed heartbeat without being a target; dropped once suspected."""
@@ -313,10 +341,14 @@ class HeartbeatRunner:
             wait = next_send - time.monotonic()
             if self._hinted:
                 wait = min(wait, HINT_RECHECK_S)
+            if self._heard_by_job:             # judge the lease when it runs out, not at the next round
+                wait = min(wait, self._lease_until + LEASE_WAKE_S - time.monotonic())
             self._wake.sleep(wait)
 
     def _round(self, now: float, late: float) -> None:
         """One heartbeat round; `late`: how far past its planned start it runs (our own stall)."""
+        if late > self.config.heartbeat_interval:     # no echo could come while we stalled: not the job's doing
+            self._echoed = {peer: min(now, sent + late) for peer, sent in self._echoed.items()}
         if late > self.config.floor:
             self._forgive_all(now, late)
         elif self._reset_requested:
@@ -325,17 +357,20 @@ class HeartbeatRunner:
         send_to, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)
+        self._judge_heard(targets, now)           # the round's start: a stall inside it is the next round's lateness
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
         self._judge(targets, time.monotonic())
         self._send(send_to, targets)
 
     def _hint_turn(self, now: float) -> None:
-        """Between rounds: probe newly hinted targets, take what arrived, look for their refusals. The targets
-        are tracked as in a round (one that joined since the last round gets its history first)."""
+        """Between rounds: probe newly hinted targets, take what arrived, judge the lease (the thread wakes when it
+        runs out), look for their refusals. The targets are tracked as in a round (one that joined since the last
+        round gets its history first)."""
         _, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)              # an arrival after a probe left says the target lives
+        self._judge_heard(targets, now)
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
 
@@ -377,6 +412,8 @@ class HeartbeatRunner:
                 self._reported.clear()
             reported = set(self._reported)
         self._unheard_since.clear()
+        if gap is None:
+            self._echoed = dict.fromkeys(self._echoed, now)
         for peer in self._history.peers():
             if peer in reported:
                 continue
@@ -389,10 +426,12 @@ class HeartbeatRunner:
         for peer in targets:
             if peer not in history:
                 history.record(peer, now)         # a new node gets a full timeout before judgement
+                self._echoed[peer] = now          # and a full lease before it counts against us
         if len(history) == len(targets):
             return                                # it holds every target: no other peer
         for peer in set(history.peers()) - targets:
             history.forget(peer)
+            self._echoed.pop(peer, None)
             self._unheard_since.pop(peer, None)
             with self._lock:
                 self._reported.discard(peer)
@@ -402,10 +441,45 @@ class HeartbeatRunner:
     def _packet(self) -> bytes:
         """A new signed heartbeat (the next sequence number)."""
         self._seq += 1
+        self._sent[self._seq] = time.monotonic()
+        self._sent.pop(self._seq - SENT_KEPT, None)
         me = self._announce()
         unheard = sorted(self._reported | self._silent)[:MAX_UNHEARD] if self._reported or self._silent else []
-        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard])
+        body = msgpack.packb([self.job, self.self_addr, self._seq, me.instance, me.node, me.eligible, unheard,
+                              self._echo()])
         return body + self._prover.prove(body)
+
+    def _echo(self) -> list[list[str | int]]:
+        """[agent, the newest seq heard from it] for the agents judged now, the most recently heard first."""
+        tracked = [peer for peer in self._history.peers() if peer in self._last_seq]
+        tracked.sort(key=self._history.last, reverse=True)
+        return [[peer, self._last_seq[peer][1]] for peer in tracked[:MAX_ECHO]]
+
+    def _take_echo(self, sender: str, echo: list[list[str | int]]) -> None:
+        """Date `sender`'s echo of our heartbeats (by when we sent the one it names): a round trip."""
+        for agent, seq in echo:
+            sent = self._sent.get(seq) if agent == self.self_addr and isinstance(seq, int) else None
+            if sent is not None:
+                self._echoed[sender] = max(sent, self._echoed.get(sender, sent))
+
+    def _lease_quorum(self, judged: AbstractSet[str]) -> tuple[frozenset[str], bool]:
+        """`lease_quorum` for the current lease plan, computed again only when the plan or the judged agents
+        change."""
+        plan, frozen = self._lease_plan(), frozenset(judged)
+        if self._quorum_of is None or self._quorum_of[:2] != (plan, frozen):
+            ring, voters = plan if plan is not None else (None, None)
+            self._quorum_of = (plan, frozen, lease_quorum(self.self_addr, frozen, ring, voters))
+        return self._quorum_of[2]
+
+    def _judge_heard(self, targets: AbstractSet[str], now: float) -> None:
+        """Renew or lose the lease (`heard_by_job`); tell `on_heard` when it changes."""
+        quorum, counts_itself = self._lease_quorum(targets)
+        self._lease_until = lease_runs_out(self._echoed, quorum, counts_itself,
+                                           min(self.config.stalled_floor, self.config.floor))
+        heard = now <= self._lease_until
+        if heard != self._heard_by_job:
+            self._heard_by_job = heard
+            self._on_heard(heard)
 
     def _send(self, send_to: AbstractSet[str], judged: AbstractSet[str]) -> None:
         """Send this round's heartbeat to every agent of `send_to`; a silent one of `judged` gets it on its probe."""
@@ -520,10 +594,14 @@ class HeartbeatRunner:
         if len(packet) <= TAG_BYTES or not self._prover.verify(tag, body):
             return self._drop("forged", "not signed with this job's heartbeat key")
         try:
-            job, sender, seq, instance, node, eligible, unheard = msgpack.unpackb(body)
+            job, sender, seq, instance, node, eligible, unheard, echo = msgpack.unpackb(body)
             if not isinstance(unheard, list) or len(unheard) > MAX_UNHEARD or \
                     not all(isinstance(a, str) for a in unheard):
                 raise ValueError(f"unheard {unheard!r} is not a list of at most {MAX_UNHEARD} addresses")
+            if not isinstance(echo, list) or len(echo) > MAX_ECHO or not all(
+                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int)
+                    for e in echo):
+                raise ValueError(f"echo {echo!r} is not a list of at most {MAX_ECHO} [address, seq] pairs")
             heard = Announcement(str(instance), str(node), bool(eligible), tuple(unheard))
             _, colon, port = sender.rpartition(":")
             if not (colon and port.isdigit()) or not isinstance(seq, int):
@@ -551,6 +629,7 @@ class HeartbeatRunner:
         if now > self._last_arrival:
             self._last_arrival = now
         self._judge_deafness(sender, heard, now)
+        self._take_echo(sender, echo)
 
     def _judge_deafness(self, sender: str, heard: Announcement, now: float) -> None:
         """Report `sender` once it has said for the detector's timeout that it cannot hear this agent; forget

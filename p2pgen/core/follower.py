@@ -8,6 +8,8 @@ The actions, in the order a member meets them around one generation change:
     Retire       -> leave it (a collective failed, or a step boundary moved this member to a newer proposal):
                     abort the communicator and learn its quiescence
     AskReform    -> a collective failed and the job proposes nothing: ask for a new generation of the same members
+                    (not while the fence holds, `core.view.cut_off`: such a generation would only be retired again;
+                    a member the fence retired asks as soon as it lifts, not after REFORM_AFTER_S)
     Vote         -> serve the state frozen as it is and vote `ready` for the pending generation
     Fetch        -> pull the elected frontier from its holders (or load it from a checkpoint this member offered)
     FetchShards  -> copy or rebuild the shards the election gave this member
@@ -39,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pgen.core.model import Hold, Pull, ShardPull
-from p2pgen.core.view import ActiveGeneration, Identity, JobView, PendingGeneration
+from p2pgen.core.view import ActiveGeneration, Identity, JobView, PendingGeneration, cut_off
 
 REFORM_AFTER_S = 1.5         # a failed collective with no membership change known: ask for a reform this often
 FALLBACK_EVERY_S = 1.0       # a held proposal past its deadline: ask to fall back this often
@@ -217,7 +219,10 @@ class Follower:
 
     def _between(self, view: JobView, local: Local) -> Action:
         p, active, pending = self.progress, view.active, view.pending
-        if p.reform_owed:                     # owed once, at the first decision between generations
+        fenced = cut_off(view)
+        if fenced is not None and active and active.has(self.identity) and p.voted is None:
+            p.reform_owed = p.reform_owed or f"the fence lifted (its agent {fenced})"   # asked once it lifts
+        if p.reform_owed and fenced is None:  # owed once, at the first decision between generations
             reason, p.reform_owed = p.reform_owed, ""
             if active and active.has(self.identity) and pending is None:
                 return AskReform(active.generation, reason)
@@ -227,6 +232,8 @@ class Follower:
             return Activate(active)
         if pending and pending.has(self.identity):
             return self._towards(pending, view, local)
+        if fenced is not None and p.reform_owed:
+            return Wait(f"this member's agent {fenced}: the reform waits until it hears the job and is heard")
         if active and active.has(self.identity) and p.voted is None and pending is None \
                 and local.clock - p.last_reform > self.reform_after:
             return AskReform(active.generation, "collective failed with no membership change known")

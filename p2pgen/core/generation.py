@@ -35,7 +35,9 @@ Invariants kept (checked by tests/core after every step):
   the active generation's last current member (its own agent is gone), the machine notes an inexact copy for
   it (at least the frontier: the steps it committed since exist only on its host), so the job waits for that
   peer instead of resuming below steps it may yet bring back, as long as those steps are worth
-  (`kept_deadline`: they were made since its generation activated).
+  (`kept_deadline`: they were made since its generation activated). A `leave` of that peer with no
+  current member (its agent leaves between two incarnations, and deletes the local copy first) forgets the
+  copy at once: nothing newer can come back from that host, so a proposal held for it is elected again.
 - Re-form (`Reformed`, the first entry of a new Raft epoch after a majority of voters was lost for good):
   the job continues from the state of the survivor that applied the most, so generation and incarnation
   numbers keep going up; the members of the lost agents are evicted and the survivors proposed.
@@ -291,10 +293,27 @@ class GenerationMachine:
                     at, exact=False)
 
     def _leave(self, cmd: Leave, position: LogPosition) -> Outcome:
+        kept = self.kept.get(cmd.peer_id)
+        if self.member(cmd.peer_id) is None and kept is not None and cmd.incarnation >= kept.incarnation:
+            return self._forget_kept(kept, cmd.at, position)
         outcome = self._remove(cmd.peer_id, cmd.incarnation, "left gracefully", cmd.at)
         if outcome.ok:
             self.kept.pop(cmd.peer_id, None)   # its agent removes its local copy when it leaves
         return outcome
+
+    def _forget_kept(self, kept: Kept, at: float, position: LogPosition) -> Outcome:
+        """The peer's agent left with no member of it current: it deleted the copy `kept` names (or the host's
+        copy an inexact note stands for) before saying so, so nothing newer can come back from it. A proposal
+        held for it is elected again (it may activate, or stay held for another reason)."""
+        del self.kept[kept.peer_id]
+        what = (f"its local copy of revision {kept.revision}" if kept.exact else
+                f"the steps {kept.peer_id}#{kept.incarnation} committed after revision {kept.revision}")
+        effects: list[Effect] = []
+        proposal = self.pending
+        if proposal is not None and proposal.hold is not None and proposal.election is None:
+            self._elect(self._election(), at, position, effects)
+        return Outcome(True, f"{kept.peer_id} left with no member: its agent deleted {what}, which cannot come "
+                             "back", tuple(effects))
 
     def _remove(self, peer_id: str, incarnation: int, why: str, at: float) -> Outcome:
         refusal = self._check_current(peer_id, incarnation)

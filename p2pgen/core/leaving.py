@@ -4,6 +4,10 @@ application, record the leave, hand leadership over, remove its voter, and what 
 Owns no state and does no I/O: the shell gathers the facts (its application, its Raft node and view, the agents
 heard, what a live member answers) and logs the sentence chosen here. Invariants kept:
 - the leave of a registered member is recorded before the Raft voter goes, so the others go on at once;
+- an agent whose application runs but never registered records a leave too (of that incarnation), after the
+  application is stopped and the local copy deleted: a note of the copy an earlier incarnation left on this host
+  (exact, or the last holder's inexact one) would otherwise hold the job's next generation for the whole
+  regression wait, for steps that can no longer come back;
 - a node that leads hands leadership over before it removes its own voter, and the last voter never removes
   itself;
 - a voter never removes itself while the voters left after it would lack a live majority (another voter is down):
@@ -40,7 +44,7 @@ class LeavePlan:
 
     stop_app: bool        # stop the application (and delete its local copy) first
     raft: bool            # go on with the Raft steps (this agent has a node)
-    record: bool          # record the leave of this peer's member
+    record: bool          # record the leave of this peer's member (or of its unregistered application's incarnation)
     await_app: bool       # after recording it, wait for the application stopping by itself (a drain), then stop it
 
 
@@ -73,9 +77,11 @@ def leave_plan(has_app: bool, app_stopping: bool, has_node: bool, registered: bo
         app_stopping: it stopped at a step boundary (a drain) and exits by itself: it keeps serving its state
             until the drain's deadline, and the leave is recorded first.
         has_node: this agent has a Raft node.
-        registered: this peer's member is registered (an incarnation to record the leave of).
+        registered: this peer's member is registered (an incarnation to record the leave of; else the running
+            application's, once it is stopped and its local copy deleted).
     """
-    return LeavePlan(stop_app=has_app and not app_stopping, raft=has_node, record=has_node and registered,
+    stop_app = has_app and not app_stopping
+    return LeavePlan(stop_app=stop_app, raft=has_node, record=has_node and (registered or stop_app),
                      await_app=has_node and has_app and app_stopping)
 
 

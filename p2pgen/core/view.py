@@ -118,8 +118,9 @@ class PendingGeneration:
 
 @dataclass(frozen=True)
 class JobView:
-    """One view of the job from the local agent: the replicated state at Raft index `index`, and whether the
-    agent hears a leader. `agents`: how many agents the local one knows of (itself included)."""
+    """One view of the job from the local agent: the replicated state at Raft index `index`, whether the
+    agent hears a leader, and whether it is proven heard (`heard`: a majority of the agents it watches echoed its
+    heartbeats within its lease). `agents`: how many agents the local one knows of (itself included)."""
 
     job: str
     instance: str
@@ -132,6 +133,7 @@ class JobView:
     tombstones: frozenset[Identity]
     state_epoch: int
     forks: tuple[tuple[int, int], ...]   # (epoch, revision it began at), oldest first
+    heard: bool = True
 
     def member(self, peer_id: str) -> Member | None:
         return next((m for m in self.members if m.peer_id == peer_id), None)
@@ -155,7 +157,22 @@ class JobView:
             active=ActiveGeneration.from_json(state["active"]) if state["active"] else None,
             pending=PendingGeneration.from_json(state["pending"]) if state["pending"] else None,
             tombstones=frozenset((t["peer_id"], t["incarnation"]) for t in state["tombstones"]),
-            state_epoch=state["state_epoch"], forks=tuple((f["epoch"], f["revision"]) for f in state["forks"]))
+            state_epoch=state["state_epoch"], forks=tuple((f["epoch"], f["revision"]) for f in state["forks"]),
+            heard=bool(raft.get("heard", True)))
+
+
+def cut_off(view: JobView) -> str | None:
+    """Why a member of this view must stop committing now (the fence), or None. Its agent hears no Raft leader
+    (a follower that heard none for longer than an election, or a leader without a quorum); or it hears a leader
+    but the job is not proven to hear it (a one-way cut drops what it sends: the job will evict it after the
+    detector's floor and go on without it, while it hears everything and would keep committing). Steps are
+    committed locally, so either way a member alone in its generation (or a group cut off together) would
+    commit steps the job never sees."""
+    if view.leader is None:
+        return "hears no Raft leader"
+    if not view.heard:
+        return "is not heard by the job (no round trip with a majority of its lease quorum within the lease)"
+    return None
 
 
 def _member(m: dict[str, Any]) -> Member:

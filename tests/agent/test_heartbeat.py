@@ -152,6 +152,60 @@ def test_a_peer_that_speaks_but_cannot_hear_us_is_reported_though_we_hear_it(tmp
         faults.watch(None)
 
 
+@pytest.mark.timeout(30)
+def test_an_agent_whose_sends_are_dropped_loses_its_lease_within_the_stalled_floor_though_it_hears_all(tmp_path):
+    """What A sends is lost (one way) while A hears B and C: only round trips renew the lease, so the job is no
+    longer proven to hear A once the lease (the stalled floor, at most the floor) runs out; it hears them all
+    along. The link heals: their echoes come back and A is heard again."""
+    a, b, c = addrs = spread_ports(3)
+    rules = tmp_path / "faults.json"
+    faults.heal(rules)
+    faults.watch(str(rules))
+    changes: list[bool] = []
+    host, _, port = a.rpartition(":")
+    runner_a = HeartbeatRunner(host, int(port), KEY, "job", a, CONFIG, lambda: {b, c}, lambda *args: None,
+                               announce=lambda: Announcement("i-" + a, "", False),
+                               on_heard=changes.append)
+    others = [runner(x, lambda x=x: set(addrs) - {x}, lambda *args: None) for x in (b, c)]
+    try:
+        with running(runner_a, *others):
+            wait_for(lambda: {b, c} <= set(runner_a.heard()) and runner_a.heard_by_job())
+            faults.write_partition(rules, [[a], [b, c]], one_way=True)
+            wait_for(lambda: not runner_a.heard_by_job())
+            assert {b, c} <= set(runner_a.heard())                   # it hears everyone all along
+            faults.heal(rules)
+            wait_for(runner_a.heard_by_job)
+            assert changes == [False, True]
+    finally:
+        faults.watch(None)
+
+
+@pytest.mark.timeout(30)
+def test_our_own_stall_does_not_cost_the_lease():
+    """A's thread starves for longer than the lease (and the floor): no echo could reach it meanwhile, which is
+    not the job's doing, so the lease is judged from the end of the stall and never lost."""
+    a_addr, b_addr = spread_ports(2)
+    stall, stalled = threading.Event(), threading.Event()
+    changes: list[bool] = []
+
+    def targets_of_a() -> set[str]:
+        if stall.is_set() and not stalled.is_set():
+            time.sleep(0.5)
+            stalled.set()
+        return {b_addr}
+
+    host, _, port = a_addr.rpartition(":")
+    a = HeartbeatRunner(host, int(port), KEY, "job", a_addr, CONFIG, targets_of_a, lambda *args: None,
+                        announce=lambda: Announcement("i-" + a_addr, "", False), on_heard=changes.append)
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    with running(a, b):
+        wait_for(lambda: b_addr in a.heard() and a.heard_by_job())
+        stall.set()
+        wait_for(stalled.is_set)
+        time.sleep(10 * CONFIG.heartbeat_interval)
+        assert changes == [] and a.heard_by_job()
+
+
 REFUSAL_CONFIG = DetectorConfig(kind="fixed", timeout=60.0, floor=0.2, heartbeat_interval=0.05, window=10)
 
 

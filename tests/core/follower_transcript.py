@@ -10,6 +10,7 @@ Extends tests/core/transcript.py: every directive of that format still works (th
                      set what the member knows of itself (kept until changed)
     agents N         how many agents the local agents hear (for restart-all's rendezvous; default: followers)
     leader none|NAME the Raft leader the agents hear (default: raft)
+    heard 0|1        whether the job is proven to hear the agents (their leases; default 1)
     lag PEER         from now on PEER's agent serves the view as it is now (a lagging agent); `catchup PEER` ends it
     decide PEER      print the action the follower chooses now, without performing it
     act PEER [fail] [lost] [corrupt] [quiescence=Q] [seq=N]
@@ -119,13 +120,15 @@ class FollowerInterpreter(Interpreter):
         self.members: dict[str, Member] = {}
         self.agents: int | None = None
         self.leader: str | None = "raft"
+        self.heard = True
 
     # --- the view and the snapshot ----------------------------------------------------------------------
 
     def view_json(self) -> dict:
         agents = self.agents if self.agents is not None else len(self.members)
         return {"state": state_json(self.machine),
-                "raft": {"index": self.index, "leader": self.leader, "agents": [f"agent{i}" for i in range(agents)]}}
+                "raft": {"index": self.index, "leader": self.leader, "heard": self.heard,
+                         "agents": [f"agent{i}" for i in range(agents)]}}
 
     def view_of(self, m: Member) -> JobView:
         return JobView.from_json(m.lagging if m.lagging is not None else self.view_json())
@@ -139,7 +142,8 @@ class FollowerInterpreter(Interpreter):
     def run(self, line: str) -> list[str]:
         name, *args = shlex.split(line)
         pos, kw = self._split(args)
-        if "at" in kw and name in ("follow", "local", "decide", "act", "commit", "agents", "leader", "lag", "catchup"):
+        if "at" in kw and name in ("follow", "local", "decide", "act", "commit", "agents", "leader", "heard", "lag",
+                                         "catchup"):
             self.at = float(kw.pop("at"))
         if name == "follow":
             return self._follow(pos, kw)
@@ -151,6 +155,9 @@ class FollowerInterpreter(Interpreter):
         if name == "leader":
             self.leader = None if pos[0] == "none" else pos[0]
             return [f"leader {pos[0]}"]
+        if name == "heard":
+            self.heard = pos[0] == "1"
+            return [f"heard {pos[0]}"]
         if name == "lag":
             self.members[pos[0]].lagging = self.view_json()
             return [f"{pos[0]}'s agent serves the view of index {self.index} from now on"]

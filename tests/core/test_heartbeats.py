@@ -1,12 +1,22 @@
 """The heartbeat verdicts (p2pgen.core.heartbeats), as tables: which lost agents are acted on, when an agent
-that hears none of its peers blames none of them, and whose heartbeats an agent judges. The shells calling them:
+that hears none of its peers blames none of them, whose heartbeats an agent judges, and when the job is proven
+to hear an agent (only round trips count), with the fence the application applies to its view. The shells calling them:
 tests/agent/test_agent_lost.py and tests/agent/test_heartbeat.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2pgen.core.heartbeats import WATCH_FANOUT, acts_on_loss, hears_no_one, watched
+from p2pgen.core.heartbeats import (
+    WATCH_FANOUT,
+    acts_on_loss,
+    heard_by_quorum,
+    hears_no_one,
+    lease_quorum,
+    lease_runs_out,
+    watched,
+)
+from p2pgen.core.view import JobView, cut_off
 
 
 @pytest.mark.parametrize(("has_node", "proven", "acted_on"), [
@@ -68,3 +78,71 @@ def test_watching_is_symmetric_and_every_agent_has_the_same_number_of_watchers(a
 def test_an_odd_or_too_small_fanout_is_refused(fanout: int):
     with pytest.raises(ValueError, match="even number of at least 2"):
         watched("10.0.0.1:27000", FIVE, [], fanout)
+
+
+LEASE, NOW = 0.3, 100.0
+FIVE = ("b", "c", "d", "e")       # the agents a member's agent watches in a job of five
+
+
+@pytest.mark.parametrize(("echo_ages", "heard"), [
+    ({}, False),                                                  # a one-way cut: it hears all, none echoes it
+    ({"b": 0.1}, False),                                          # cut off with one other agent (2 of 5)
+    ({"b": 0.1, "c": 0.2}, True),                                 # 3 of 5, itself counted: a majority
+    ({"b": 0.1, "c": 0.3}, True),                                 # an echo exactly one lease old still counts
+    ({"b": 0.1, "c": 0.31}, False),                               # one just older: 2 of 5
+    ({"b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0}, True),
+])
+def test_the_job_hears_an_agent_only_while_a_majority_echoed_its_heartbeats_within_the_lease(echo_ages, heard):
+    echoed = {agent: NOW - age for agent, age in echo_ages.items()}
+    assert heard_by_quorum(echoed, FIVE, True, NOW, LEASE) is heard
+
+
+@pytest.mark.parametrize(("quorum", "counts_itself", "echoed", "heard"), [
+    ((), True, {}, True),                          # alone in the job: it hears itself
+    (("b",), True, {}, False),                     # two agents: the other must answer
+    (("b",), True, {"b": NOW}, True),
+    (("b", "c", "d"), True, {"b": NOW}, False),    # 2 of 4 is no majority
+    (("b", "c", "d"), True, {"b": NOW, "x": NOW}, False),   # an echo from outside the quorum counts for nothing
+    (("v1", "v2", "v3"), False, {"v1": NOW}, False),        # no vote of its own: 2 of 3 voters must echo
+    (("v1", "v2", "v3"), False, {"v1": NOW, "v2": NOW}, True),
+    (("v2", "v3"), True, {"v2": NOW}, True),       # a voter's agent: itself and one of the two others
+])
+def test_a_quorum_is_more_than_half_of_the_voters_agents_counting_itself_when_it_runs_one(quorum, counts_itself,
+                                                                                       echoed, heard):
+    assert heard_by_quorum(echoed, quorum, counts_itself, NOW, LEASE) is heard
+
+
+def test_the_lease_runs_out_a_lease_after_the_echo_that_completes_the_newest_majority():
+    echoed = {"b": 99.9, "c": 99.5, "d": 99.0}
+    assert lease_runs_out(echoed, FIVE, True, LEASE) == 99.5 + LEASE        # itself, b and c: 3 of 5
+    assert lease_runs_out(echoed, ("v1", "v2", "v3"), False, LEASE) == float("-inf")   # no voter echoed
+    assert lease_runs_out({}, (), True, LEASE) == float("inf")             # alone: never runs out
+
+
+def test_the_lease_quorum_is_the_voters_agents_that_read_this_agents_heartbeats():
+    small = ["a", "b", "c", "d", "e"]
+    assert lease_quorum("a", {"b", "c", "d", "e"}, small, {"a", "b", "c"}) == (frozenset({"b", "c"}), True)
+    assert lease_quorum("d", {"a", "b", "c", "e"}, small, {"a", "b", "c"}) == (frozenset({"a", "b", "c"}), False)
+    assert lease_quorum("a", {"b", "c"}, None, None) == (frozenset({"b", "c"}), True)     # no view yet
+    big = [f"n{i}" for i in range(40)]
+    me = next(a for a in big[3:] if not {"n0", "n1", "n2"} & watched(a, big, ()))   # no voter near it
+    judged = watched(me, big, {"n0", "n1", "n2"})
+    assert lease_quorum(me, judged, big, {"n0", "n1", "n2"}) == (judged, True)
+    near = sorted(watched(me, big, ()))[0]              # make a neighbour a voter: it alone reads our heartbeats
+    assert lease_quorum(me, judged, big, {"n0", near}) == (frozenset({near}), False)
+
+
+def view(leader: str | None, heard: bool) -> JobView:
+    return JobView(job="j", instance="i", index=1, leader=leader, agents=5, members=(), active=None, pending=None,
+                   tombstones=frozenset(), state_epoch=0, forks=(), heard=heard)
+
+
+@pytest.mark.parametrize(("leader", "heard", "fenced"), [
+    ("n1", True, None),
+    (None, True, "hears no Raft leader"),
+    (None, False, "hears no Raft leader"),
+    ("n1", False, "is not heard by the job"),    # one-way cut: it hears the leader, nobody hears it
+])
+def test_a_member_stops_committing_when_its_agent_hears_no_leader_or_is_not_heard(leader, heard, fenced):
+    why = cut_off(view(leader, heard))
+    assert (why is None) if fenced is None else (why is not None and why.startswith(fenced))

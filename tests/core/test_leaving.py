@@ -27,7 +27,9 @@ from p2pgen.core.leaving import (
     (True, False, True, True, LeavePlan(stop_app=True, raft=True, record=True, await_app=False)),
     (True, True, True, True, LeavePlan(stop_app=False, raft=True, record=True, await_app=True)),   # a drain
     (False, False, True, True, LeavePlan(stop_app=False, raft=True, record=True, await_app=False)),
-    (True, False, True, False, LeavePlan(stop_app=True, raft=True, record=False, await_app=False)),
+    # not registered: the leave of the application's incarnation says its local copy is gone
+    (True, False, True, False, LeavePlan(stop_app=True, raft=True, record=True, await_app=False)),
+    (False, False, True, False, LeavePlan(stop_app=False, raft=True, record=False, await_app=False)),
     (True, False, False, True, LeavePlan(stop_app=True, raft=False, record=False, await_app=False)),
     (True, True, False, True, LeavePlan(stop_app=False, raft=False, record=False, await_app=False)),
 ])

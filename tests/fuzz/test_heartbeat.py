@@ -36,7 +36,7 @@ def signed(body: bytes, key: bytes = KEY) -> bytes:
 
 
 def heartbeat(sender: str, seq: int, instance: str, job: str = JOB, key: bytes = KEY) -> bytes:
-    return signed(msgpack.packb([job, sender, seq, instance, "", False, []]), key)
+    return signed(msgpack.packb([job, sender, seq, instance, "", False, [], []]), key)
 
 
 class Rig:
@@ -133,7 +133,7 @@ def test_signed_garbage_is_dropped_as_malformed(rig, body):
     st.none(), st.text(max_size=3), st.floats(allow_nan=True)), instance=st.one_of(
     st.none(), st.integers(-2**63, 2**64 - 1), st.lists(st.booleans())))
 def test_signed_heartbeats_with_wrong_field_types_are_dropped(rig, job, sender, seq, instance):
-    rig.attack(signed(msgpack.packb([job, sender, seq, instance, None, 3, []])), ("malformed", "wrong_job"))
+    rig.attack(signed(msgpack.packb([job, sender, seq, instance, None, 3, [], []])), ("malformed", "wrong_job"))
     rig.honest_served()
 
 
@@ -190,5 +190,17 @@ def _replaced_process_replayed(rig: Rig, addr: str) -> None:
                          st.lists(st.one_of(MSGPACK_INTEGERS, st.none(), st.binary(max_size=3)), min_size=1,
                                   max_size=3)))
 def test_a_heartbeat_whose_unheard_list_is_not_a_list_of_addresses_is_dropped(rig, unheard):
-    rig.attack(signed(msgpack.packb([JOB, "127.0.0.1:1", 1, "x", "", False, unheard])), ("malformed",))
+    rig.attack(signed(msgpack.packb([JOB, "127.0.0.1:1", 1, "x", "", False, unheard, []])), ("malformed",))
+    rig.honest_served()
+
+
+@FUZZ
+@given(echo=st.one_of(st.none(), MSGPACK_INTEGERS, st.text(max_size=5),
+                      st.lists(st.one_of(MSGPACK_INTEGERS, st.none(), st.text(max_size=3),
+                                         st.lists(st.one_of(MSGPACK_INTEGERS, st.text(max_size=3)), max_size=3)
+                                         .filter(lambda pair: not (len(pair) == 2 and isinstance(pair[0], str)
+                                                                   and isinstance(pair[1], int)))),
+                               min_size=1, max_size=3)))
+def test_a_heartbeat_whose_echo_is_not_a_list_of_address_seq_pairs_is_dropped(rig, echo):
+    rig.attack(signed(msgpack.packb([JOB, "127.0.0.1:1", 1, "x", "", False, [], echo])), ("malformed",))
     rig.honest_served()

@@ -8,6 +8,9 @@ Five agents train the exact integer mini-training (every agent a voter). Agents 
 - after the heal the minority's applications come back as new incarnations, pull, and every member ends equal to
   the serial reference (equal digests); the Raft trace checker finds no violation.
 The time from the heal to the minority being active again is printed (README, "Partitions as a fault").
+A member alone in its generation (the two other applications restart slowly) whose agent is cut off one way (what it
+sends is dropped, it hears everything) must stop committing within the detector's floor of the cut: it keeps
+hearing the Raft leader, so only the lease (the job's echoes of its heartbeats) can tell it that nobody hears it.
 The third case, a minority that can send but not hear, was a liveness bug: the majority kept hearing the deaf
 agents' heartbeats, so nobody evicted them, while they, hearing no leader, could not vote `ready` for the re-form
 their failed collectives requested. Heartbeats now say whom their sender cannot hear, and an agent that keeps
@@ -17,6 +20,7 @@ saying it cannot hear this one is reported like a silent one (`agent/heartbeat.p
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +31,7 @@ from p2pgen import faults
 from p2pgen.raft import checker
 from p2pgen_lab.rigs.agents import active, active_members, free_control_ports
 from tests.integration.test_state_survives import committed, finish
+from tests.integration.test_training import read_traces
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -116,3 +121,40 @@ def test_a_minority_that_can_hear_but_not_speak_activates_nothing_and_rejoins(cl
 
 def test_a_minority_that_can_speak_but_not_hear_is_left_behind_by_the_majority(cluster, tmp_path, monkeypatch):
     run_partition(cluster, tmp_path, monkeypatch, "deaf")
+
+
+def test_a_member_alone_whose_agent_cannot_speak_stops_committing_within_the_floor(cluster, tmp_path, monkeypatch):
+    """The member kept runs on an agent that does not lead (a leader that loses its quorum steps down within
+    0.5 s, which the old fence saw; a follower keeps hearing the leader). Its return after the heal (evicted
+    meanwhile, a new incarnation) is `run_partition`'s; here every next incarnation waits a minute."""
+    traces, rules = tmp_path / "traces", tmp_path / "faults.json"
+    traces.mkdir()
+    faults.heal(rules)
+    for key, value in (("EXACT_STEP_DELAY", "0.01"), ("EXACT_STEPS", 100000), ("P2PGEN_TRACE_DIR", traces),
+                       ("EXACT_JOIN_DELAY", "p0:2:60,p1:2:60,p2:2:60"), (faults.ENV, rules)):
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(3)]
+    for i, addr in enumerate(addrs):
+        cluster.start(f"p{i}", addr, [a for a in addrs if a != addr], command=APP,
+                      extra=("--min-members=1", "--attach-grace=60"))
+    show = cluster.wait(addrs[0], lambda s: len(active_members(s)) == 3 and len(s["raft"]["voters"]) == 3
+                        and s["raft"]["leader_agent"] is not None, 90)
+    cluster.wait_until(lambda: committed(traces) >= 5, 90, "5 steps committed by the three")
+    alone = next(i for i, addr in enumerate(addrs) if addr != show["raft"]["leader_agent"])
+    for addr in addrs[:alone] + addrs[alone + 1:]:   # their next incarnations wait a minute before they join
+        with cluster.client(addr) as c:
+            os.kill(c.show()["agent"]["app_pid"], signal.SIGKILL)
+    cluster.wait(addrs[alone], lambda s: [p for p, _ in active_members(s)] == [f"p{alone}"], 60)
+    at_alone = committed(traces)
+    cluster.wait_until(lambda: committed(traces) >= at_alone + 20, 60, "20 steps committed alone")
+    faults.write_partition(rules, [[addrs[alone]], addrs[:alone] + addrs[alone + 1:]], one_way=True)
+    cut = time.time()
+    time.sleep(3.0)                     # beyond the floor, the timeout and an election: the old fence's reach
+    faults.heal(rules)
+    window = faults.Window(cut, time.time(), frozenset({addrs[alone]}), frozenset({f"p{alone}"}), one_way=True)
+    commits = [(e["t"], e["peer"]) for events in read_traces(traces).values() for e in events
+               if e["event"] == "commit"]
+    assert faults.minority_violations([window], commits, []) == []
+    assert any(peer == f"p{alone}" and cut - 1.0 < t < cut for t, peer in commits)    # it trained up to the cut

@@ -34,7 +34,8 @@ class FakeAgent:
     """One peer's agent without Raft. Faults: `refuse` (the next n submits answer RaftUnavailable, as an
     agent whose Raft node stopped does), `drop` (the next n submits lose the connection), `stuck` (submits
     are acknowledged and never applied: no quorum to commit them), `leaderless` (its node hears no Raft
-    leader: the views it serves say so), `blind_until` (`wait` answers an
+    leader: the views it serves say so), `unheard` (it hears the leader but the job is not proven to hear it: a
+    one-way cut), `blind_until` (`wait` answers an
     error, as an agent between two Raft nodes does), `vanish()` (the agent dies)."""
 
     def __init__(self, port: int, agent_voted: bool = False) -> None:
@@ -47,6 +48,7 @@ class FakeAgent:
         self.stuck = False
         self.blind_until = 0.0
         self.leaderless = False
+        self.unheard = False
         self.agent_voted = agent_voted
         self.submitted: list[str] = []
         self.server = _DroppingServer("127.0.0.1", port, JOB, SECRET, {
@@ -65,6 +67,7 @@ class FakeAgent:
         with self.changed:
             return {"state": state_json(self.machine),
                     "raft": {"term": 1, "index": self.index, "leader": None if self.leaderless else "fake",
+                             "heard": not self.unheard,
                              "nodes": ["fake"], "self": "fake", "agents": [self.addr]},
                     "agent": {"peer_id": PEER, "addr": self.addr, "incarnation": 1, "app_pid": None}}
 
@@ -231,6 +234,33 @@ def test_a_member_whose_agent_hears_no_leader_stops_committing_until_it_hears_th
             time.sleep(2.5)
             assert peer.state.revision == 3, "a step committed while the agent heard no leader"
             agent.stuck = agent.leaderless = False
+        healer = threading.Thread(target=heal_later)
+        healer.start()
+        train(peer, 6, cut_at_3)
+        healer.join()
+        assert peer.state.revision == 6 and peer.stats["steps_discarded"] >= 1
+        assert peer.generation > at_cut[0]              # training resumed in a new generation (a reform)
+    finally:
+        peer.close()
+
+
+def test_a_member_whose_agent_hears_the_leader_but_is_not_heard_stops_committing_until_heard_again(agent):
+    """The fence under a one-way cut: the agent still hears the Raft leader (every view names it), but its sends
+    are dropped, so the job will evict the member; alone in its generation, it must stop committing as soon as
+    its agent's round trips no longer prove that the job hears it."""
+    agent.register()
+    peer = peer_for(agent)
+    at_cut: list[int] = []
+    try:
+        def cut_at_3(step: Any) -> None:
+            if step.revision == 3 and not at_cut:
+                agent.stuck = agent.unheard = True
+                at_cut.append(step.generation)
+                time.sleep(1.0)                         # the watcher sees the view not heard and fences
+        def heal_later() -> None:
+            time.sleep(2.5)
+            assert peer.state.revision == 3, "a step committed while the job could not hear the agent"
+            agent.stuck = agent.unheard = False
         healer = threading.Thread(target=heal_later)
         healer.start()
         train(peer, 6, cut_at_3)
