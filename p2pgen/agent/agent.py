@@ -413,6 +413,7 @@ class Agent:
                     log.warning("%s: registering again as a new incarnation", why)
                 elif kill is not None and self.app is not None:
                     log.warning("%s: restarting the application as a new incarnation", why)
+                    self._stopped_app = None        # the kill ends a stop (SIGKILL reaches a stopped process)
                     self.app.kill()                 # its exit event relaunches it as a new incarnation
             case am.EvictLost(suspects):
                 self._suspect(suspects)

@@ -563,10 +563,13 @@ def _evict_lost(view: AgentView, local: AgentLocal) -> Action | None:
 
 
 def _stopped(view: AgentView, local: AgentLocal) -> Action | None:
-    """An application stopped (SIGSTOP) for longer than the detector's timeout is reported and killed."""
+    """An application stopped (SIGSTOP) for longer than the detector's timeout is reported and killed, unless it
+    is being killed already or has exited (the job evicted it: that kill does not count against --max-restarts)."""
     app, timeout = view.app, local.rules.detector_timeout
     if view.machine is None or app is None or app.incarnation is None or app.stopped_for is None \
-            or app.stopped_for <= timeout:
+            or app.stopped_for <= timeout or app.exited:
+        return None
+    if local.killing is not None and local.killing[0] == app.incarnation:
         return None
     return KillApp(app.incarnation, f"application stopped for more than {timeout:.2f} s", counted=True, report=True)
 

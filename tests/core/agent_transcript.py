@@ -360,7 +360,7 @@ class AgentInterpreter(Interpreter):
                 self.submit(Suspect(peer, peer, incarnation, why, at=at, **kept), out)
             case am.Evicted(kill=kill) if kill is not None:
                 assert self.app is not None and self.app.incarnation == kill
-                self.app.killed = True
+                self.app.killed, self.app.stopped_at = True, None
             case am.EvictLost(suspects):
                 for p, i, why in suspects:
                     self.submit(Suspect(peer, p, i, why, at=at), out)

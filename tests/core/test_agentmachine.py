@@ -40,3 +40,19 @@ def test_a_turn_that_only_waits_leaves_the_memory_as_it_was():
     assert turn is idle and am.advance(turn, am.Wait("nothing to do"), am.DONE) is idle
     acted = am.advance(turn, am.StandbyLost(pid=1, why="exited", deaths=1), am.DONE)
     assert acted.done == {"StandbyLost"} and am.begin_turn(acted).done == frozenset()
+
+
+def test_a_stopped_application_is_killed_once_whatever_killed_it():
+    """A stopped application the job evicted is killed for the job (not counted); while that kill is under way,
+    or once the application exited, a stop the shell still reports is no reason to kill it again, counted
+    (`stopped_evicted.txt` plays the whole story; this pins the rule on the view the shell could give)."""
+    text = (TESTDATA / "stopped_evicted.txt").read_text()
+    before_exit = text[:text.index("turn at=3\n")]
+    _, _, _, agent = run_agent_transcript(before_exit)
+    assert agent.local.killing == (1, False), agent.local
+    agent.app.stopped_at, agent.at = 1.0, 3.0          # the stop outlived the kill in the view, past the timeout
+    assert not isinstance(am.decide(agent.view(), agent.local), am.KillApp)
+    agent.app.exited = True
+    agent.local = am.advance(agent.local, am.ReportDeath(1, "was killed", False, 8.0), None)
+    assert agent.local.killing is None
+    assert not isinstance(am.decide(agent.view(), agent.local), am.KillApp)
