@@ -630,11 +630,18 @@ class GenerationProtocol(RuleBasedStateMachine):
     @rule(reporter=st.sampled_from(PEERS + ("detector",)), peer=st.sampled_from(PEERS), graceful=st.booleans(),
           data=st.data())
     def suspect_or_leave(self, reporter, peer, graceful, data):
-        """Removal of the current, a stale or a never-seen incarnation: only the current one is removed."""
+        """Removal of the current, a stale or a never-seen incarnation: only the current one is removed. A leave of
+        a peer with no member, at or above the incarnation of a last-holder note the test recorded for it, forgets
+        that note (its agent deleted the host's copy: nothing can come back from there)."""
         inc = self.draw_incarnation(data, peer)
         current = self.m.is_current(peer, inc)
+        note = self.kept_notes.get(peer)
+        forgets = graceful and self.m.member(peer) is None and note is not None and inc >= note[0]
         outcome = self.send(Leave(peer, inc) if graceful else Suspect(reporter, peer, inc, "no heartbeat"))
-        assert outcome.ok == current, outcome.reason
+        assert outcome.ok == (current or forgets), outcome.reason
+        if forgets:
+            event("a leave with no member forgot a last holder's note")
+            assert peer not in self.m.kept
         if current:
             assert outcome.effects[0] == MemberEvicted(peer, inc, outcome.effects[0].reason)
 
