@@ -64,7 +64,15 @@ from p2pgen.core.agentmachine import (
     observe,
 )
 from p2pgen.core.heartbeats import acts_on_loss
-from p2pgen.core.leaving import VOTERS_DOWN, Said, leave_plan, said_after_asking, said_without_quorum, shrink_plan
+from p2pgen.core.leaving import (
+    NO_SUCCESSOR,
+    VOTERS_DOWN,
+    Said,
+    leave_plan,
+    said_after_asking,
+    said_without_quorum,
+    shrink_plan,
+)
 from p2pgen.core.render import history_json, state_json
 from p2pgen.core.steward import Drain, drain_asked
 from p2pgen.detect import DetectorConfig
@@ -669,21 +677,25 @@ class Agent:
             view = self.node.wait_view(_job_finished, LEAVE_SETTLE_S) or self.node.view()
             deadline = time.monotonic() + LEAVE_VOTERS_WAIT_S
             while True:
+                others_heard = len(set(self.heartbeats.heard()) - {self.addr})
                 shrink = shrink_plan(_job_finished(view), view.voter, len(view.nodes), view.is_leader,
-                                     len(self._live_other_voters(view)))
+                                     len(self._live_other_voters(view)), others_heard)
                 if shrink.said is not None:
                     _say(shrink.said)
                     return
                 if shrink.transfer_leadership:
                     self.node.transfer_leadership()
                     self.node.wait_view(lambda v: not v.is_leader and v.leader is not None, 2.0)
-                if not shrink.wait_for_voters or time.monotonic() >= deadline:
+                if not (shrink.wait_for_voters or shrink.wait_for_successor) or time.monotonic() >= deadline:
                     break
+                self.voters.poke()           # the last voter's manager promotes a successor
                 nodes = view.nodes           # the leader removes the down voter meanwhile (this node acks)
                 view = self.node.wait_view(lambda v: v.nodes != nodes, LEAVE_VOTERS_POLL_S) or self.node.view()
             if shrink.wait_for_voters:
                 down = sorted(set(view.nodes) - {view.node_id} - set(self._live_other_voters(view)))
                 _say(VOTERS_DOWN, f"voter(s) {', '.join(down)} still down after {LEAVE_VOTERS_WAIT_S:.0f} s")
+            elif shrink.wait_for_successor:
+                _say(NO_SUCCESSOR, f"none within {LEAVE_VOTERS_WAIT_S:.0f} s")
             elif shrink.remove_voter:
                 self.node.remove_node(view.node_id, timeout=3.0)
         except RaftUnavailable as e:

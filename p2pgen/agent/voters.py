@@ -80,11 +80,12 @@ class VoterManager:
         for gone in set(self._first_seen) - set(view.nodes):
             del self._first_seen[gone]
         self._leading = view.is_leader
-        if not view.is_leader or self._leaving():
+        if not view.is_leader:
             return
         decision = plan_voters(self._voters(view.nodes), view.node_id, self._live(view.node_id),
                                frozenset(v for v, t in self._first_seen.items() if now - t >= self.grace_s),
-                               frozenset(a for a, until in self._held_back.items() if until > now))
+                               frozenset(a for a, until in self._held_back.items() if until > now),
+                               leaving=self._leaving())
         self.last_decision = decision
         if decision.action == "remove":
             log.info("removing Raft voter: %s", decision.reason)     # routine self-repair: nothing to do

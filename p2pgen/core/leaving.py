@@ -9,7 +9,8 @@ heard, what a live member answers) and logs the sentence chosen here. Invariants
   (exact, or the last holder's inexact one) would otherwise hold the job's next generation for the whole
   regression wait, for steps that can no longer come back;
 - a node that leads hands leadership over before it removes its own voter, and the last voter never removes
-  itself;
+  itself: while other agents are heard, it first waits for one of them to become a voter (its voter manager
+  promotes a successor, `p2pgen.core.voters.plan_voters(leaving=True)`), and then goes like any other voter;
 - a voter never removes itself while the voters left after it would lack a live majority (another voter is down):
   Raft applies a configuration change when it is appended, so the job would then need the down voter to commit
   anything, its removal included. It waits instead (bounded), its node still acking, while the leader removes
@@ -23,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "CONFIRMED_OUT", "FINISHED", "FINISHED_MEANWHILE", "LEFT_LAST", "NO_QUORUM", "VOTERS_DOWN", "LeavePlan", "Said",
+    "CONFIRMED_OUT", "FINISHED", "FINISHED_MEANWHILE", "LEFT_LAST", "NO_QUORUM", "NO_SUCCESSOR", "VOTERS_DOWN",
+    "LeavePlan", "Said",
     "Shrink",
     "leave_plan", "said_after_asking", "said_without_quorum", "shrink_plan",
 ]
@@ -55,6 +57,7 @@ class Shrink:
     transfer_leadership: bool = False
     remove_voter: bool = False
     wait_for_voters: bool = False   # not yet: the voters left after this one would lack a live majority
+    wait_for_successor: bool = False   # the last voter, with other agents live: not before one of them is a voter
     said: Said | None = None
 
 
@@ -65,6 +68,8 @@ CONFIRMED_OUT = Said("info", "left: a live member confirms this agent's voter is
                              "removed node never hears the commit of its own removal: %s)")
 VOTERS_DOWN = Said("warning", "left without removing this agent's Raft voter: %s; removing it would leave the job "
                               "a configuration without a live majority, so it waits for them (or `p2pgen recover`)")
+NO_SUCCESSOR = Said("warning", "left as the job's last Raft voter, no other agent having become one (%s): the agents "
+                                "left cannot commit to the job's Raft log; `p2pgen recover` re-forms it from them")
 NO_QUORUM = Said("warning", "left without a Raft quorum to record it (%s): the others will detect this agent's "
                             "absence and replace it as a voter; nothing to do unless no agent is left running")
 
@@ -85,7 +90,8 @@ def leave_plan(has_app: bool, app_stopping: bool, has_node: bool, registered: bo
                      await_app=has_node and has_app and app_stopping)
 
 
-def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool, live_others: int) -> Shrink:
+def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool, live_others: int,
+                others_heard: int = 0) -> Shrink:
     """The Raft steps after the leave is recorded.
 
     Args:
@@ -94,11 +100,16 @@ def shrink_plan(finished: bool, voter: bool, nodes: int, leader: bool, live_othe
         nodes: the voters in the configuration.
         leader: this agent's node leads.
         live_others: the other voters whose agents are heard.
+        others_heard: the other agents (voters or not) whose heartbeats are heard. The last voter of a job that
+            goes on (a job of two agents has one voter) waits for one of them to become a voter before it goes:
+            gone without a successor, it would leave them no Raft group to commit to.
     """
     if finished:
         return Shrink(said=FINISHED)
-    if not voter or nodes <= 1:
+    if not voter:
         return Shrink()
+    if nodes <= 1:
+        return Shrink(wait_for_successor=others_heard > 0)
     if 0 < live_others < (nodes - 1) // 2 + 1:     # none heard: the removal is tried and its failure said
         return Shrink(transfer_leadership=leader, wait_for_voters=True)
     return Shrink(transfer_leadership=leader, remove_voter=True)

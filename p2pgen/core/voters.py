@@ -65,10 +65,15 @@ class VoterDecision:
 
 
 def plan_voters(voters: tuple[Voter, ...], leader: str, live: tuple[AgentStatus, ...],
-                judged: frozenset[str], held_back: frozenset[str] = frozenset()) -> VoterDecision:
+                judged: frozenset[str], held_back: frozenset[str] = frozenset(),
+                leaving: bool = False) -> VoterDecision:
     """One decision for the leader `leader` (a node id). `live`: the agents currently heard (the leader's own
     included); `judged`: voter ids in the configuration long enough to be judged; `held_back`: agent addresses
-    not to promote now (a recent promotion of theirs failed)."""
+    not to promote now (a recent promotion of theirs failed); `leaving`: the leader's own agent is leaving, so its
+    voter goes soon: the others are planned as if it were gone (a promotion only, never a removal: the leave
+    removes this voter itself, once a successor is in)."""
+    if leaving:
+        return _successor(voters, leader, live, held_back)
     by_addr = {a.addr: a for a in live}
     stuck: list[str] = []
     for voter in sorted(voters, key=lambda v: v.node):
@@ -86,15 +91,31 @@ def plan_voters(voters: tuple[Voter, ...], leader: str, live: tuple[AgentStatus,
     if stuck:
         return VoterDecision("keep", "", f"voter(s) {', '.join(stuck)} down, but the voters left after removing one "
                                          "would lack a live majority: waiting for a voter to be heard again")
-    target = target_voters(len(live))
-    if len(voters) >= target:
-        return VoterDecision("keep", "", f"{len(voters)} voter(s) for {len(live)} live agent(s) (target {target})")
+    return _promotion(voters, len(voters), len(live), live, held_back)
+
+
+def _successor(voters: tuple[Voter, ...], leader: str, live: tuple[AgentStatus, ...],
+               held_back: frozenset[str]) -> VoterDecision:
+    """The plan while the leader's own agent leaves: the target of the other live agents, counted without it."""
+    others = sum(1 for v in voters if v.node != leader)
+    decision = _promotion(voters, others, len(live) - 1, live, held_back)
+    if decision.action == "keep":
+        return decision
+    return VoterDecision("promote", decision.target, f"this agent leaves: {decision.reason}")
+
+
+def _promotion(voters: tuple[Voter, ...], counted: int, agents: int, live: tuple[AgentStatus, ...],
+               held_back: frozenset[str]) -> VoterDecision:
+    """Promote an eligible non-voting member while the `counted` voters are fewer than the target of `agents`."""
+    target = target_voters(agents)
+    if counted >= target:
+        return VoterDecision("keep", "", f"{counted} voter(s) for {agents} live agent(s) (target {target})")
     voter_agents = {v.agent for v in voters}
     candidates = sorted(a.addr for a in live
                         if a.eligible and not a.node and a.addr not in voter_agents and a.addr not in held_back)
     if not candidates:
-        return VoterDecision("keep", "", f"{len(voters)} voter(s), target {target}: no eligible non-voting member")
-    return VoterDecision("promote", candidates[0], f"{len(voters)} voter(s) for {len(live)} live agent(s) "
+        return VoterDecision("keep", "", f"{counted} voter(s), target {target}: no eligible non-voting member")
+    return VoterDecision("promote", candidates[0], f"{counted} voter(s) for {agents} live agent(s) "
                                                    f"(target {target}): promote {candidates[0]}")
 
 

@@ -56,6 +56,16 @@ def test_a_voter_goes_only_when_the_voters_left_keep_a_live_majority(finished: b
     assert shrink_plan(finished, voter, nodes, leader, live_others) == shrink
 
 
+@pytest.mark.parametrize(("nodes", "others_heard", "shrink"), [
+    (1, 1, Shrink(wait_for_successor=True)),   # a job of two agents has one voter: its successor first
+    (1, 0, Shrink()),                          # alone: nobody to hand over to
+    (2, 1, Shrink(transfer_leadership=True, remove_voter=True)),   # the successor is in: go like any voter
+])
+def test_the_last_voter_waits_for_a_successor_while_others_live(nodes: int, others_heard: int, shrink: Shrink):
+    live_other_voters = nodes - 1
+    assert shrink_plan(False, True, nodes, True, live_other_voters, others_heard) == shrink
+
+
 @given(st.integers(1, 9), st.data())
 def test_a_removal_planned_never_leaves_fewer_live_voters_than_a_majority(nodes: int, data):
     """Whenever some other voter is heard and the plan removes this one, the live others are a majority of the

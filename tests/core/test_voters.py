@@ -75,6 +75,21 @@ def test_a_live_member_is_promoted_below_target_and_not_at_it():
     assert plan_voters(full, voter(0).node, live3, frozenset(v.node for v in full)).action == "keep"
 
 
+def test_a_leaving_last_voter_promotes_its_successor_and_removes_nothing():
+    """A job of two agents has one voter; when its agent leaves, the other must become a voter first, or it is
+    left with no Raft group. While leaving, the plan counts without the leader and never removes a voter."""
+    alone = (voter(0),)
+    two = (agent(0, voter(0).node), agent(1, eligible=True))
+    assert plan_voters(alone, voter(0).node, two, frozenset({voter(0).node})).action == "keep"   # 1 for 2: at target
+    d = plan_voters(alone, voter(0).node, two, frozenset({voter(0).node}), leaving=True)
+    assert (d.action, d.target) == ("promote", "h:10") and "leaves" in d.reason
+    dead = (voter(0), voter(1), voter(2))
+    live = (agent(0, voter(0).node), agent(1, voter(1).node), agent(3, eligible=True))
+    judged = frozenset(v.node for v in dead)
+    assert plan_voters(dead, voter(0).node, live, judged).action == "remove"
+    assert plan_voters(dead, voter(0).node, live, judged, leaving=True).action != "remove"
+
+
 def test_a_member_that_is_not_caught_up_is_not_promoted():
     voters = (voter(0),)
     live = (agent(0, voter(0).node), agent(1, eligible=False), agent(2, eligible=False))

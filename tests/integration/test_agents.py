@@ -182,3 +182,22 @@ def test_wrong_secret_is_refused_and_changes_nothing(cluster, tmp_path):
     assert after["state"]["pending"] is None
     assert after["agent"]["refused_connections"] >= 1
     assert after["agent"]["refusals"]["rpc"]["auth_failed"] >= 1     # what `p2pgen show` prints as "refused:"
+
+
+def test_the_last_voter_leaving_hands_the_voter_over_first(cluster):
+    """A job of two agents has one Raft voter. Its agent leaving took the job's only voter with it: the other
+    agent, a non-voting member, could commit nothing to the Raft log any more, and waited for a live member for
+    ever. The leaving voter now has its successor promoted, hands leadership over and removes itself."""
+    addrs = [f"127.0.0.1:{p}" for p in free_control_ports(2)]
+    cluster.start("p0", addrs[0], [], command=APP)
+    cluster.wait(addrs[0], lambda s: len(active_members(s)) == 1)          # p0 forms the job: its only voter
+    cluster.start("p1", addrs[1], [addrs[0]], command=APP)
+    show = cluster.wait(addrs[0], lambda s: len(active_members(s)) == 2)
+    assert [v["agent"] for v in show["raft"]["voters"]] == [addrs[0]]
+    leaver = cluster.agents["p0"]
+    leaver.signal(signal.SIGTERM)
+    assert leaver.proc.wait(30) == 0, leaver.log.read_text()
+    after = cluster.wait(addrs[1], lambda s: [v["agent"] for v in s["raft"]["voters"]] == [addrs[1]]
+                         and [p for p, _ in active_members(s)] == ["p1"], 30)
+    assert after["raft"]["leader"] is not None
+    assert "last Raft voter" not in leaver.log.read_text()

@@ -199,8 +199,10 @@ def test_a_leaver_hands_over_the_local_copy_the_job_waits_for_before_it_goes(clu
     its agent is asked to leave (SIGTERM) while the next incarnation starts: the steps 10..30 exist only in
     p0's local copy. The agent stays until p0#2 restored that copy and p1#2 pulled it, then leaves; p1 goes
     on from there to the end, and no generation of the job ever resumed below a certified revision. (On the
-    previous code p0's agent left at once and deleted the copy: p1 never resumed from r30.)"""
-    steps = 80
+    previous code p0's agent left at once and deleted the copy: p1 never resumed from r30.) p1 trains long enough
+    (steps) to be seen alone after p0's agent is gone: a leaving last voter first has p1 promoted, which takes
+    seconds."""
+    steps = 160
     monkeypatch.setenv("EXACT_STEPS", str(steps))
     monkeypatch.setenv("EXACT_FAULTS", "p1:mid_step:10,p0:mid_step:30")
     monkeypatch.setenv("EXACT_JOIN_DELAY", "p1:2:4,p0:2:3")
