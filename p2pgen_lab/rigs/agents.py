@@ -59,6 +59,25 @@ def port_range() -> tuple[int, int]:
     return int(low), int(high)
 
 
+def worker_port_range(worker: int, workers: int) -> tuple[int, int]:
+    """The slice of PORT_LOW-PORT_HIGH that test worker `worker` of `workers` (pytest-xdist) takes ports from:
+    disjoint slices, so a port one worker found free cannot be taken by another before its agent binds it.
+
+    Args:
+        worker: this worker's index, 0 <= worker < workers.
+        workers: how many workers run side by side.
+
+    Raises:
+        ValueError: worker out of range, or too many workers for a slice of ten agents each.
+    """
+    width = (PORT_HIGH - PORT_LOW) // max(1, workers)
+    if not 0 <= worker < workers or width < 10 * PORTS_PER_AGENT:
+        raise ValueError(f"test worker {worker} of {workers}: expected 0 <= worker < workers, "
+                         f"at most {(PORT_HIGH - PORT_LOW) // (10 * PORTS_PER_AGENT)} workers")
+    low = PORT_LOW + worker * width
+    return low, low + width
+
+
 def free_control_ports(n: int) -> list[int]:
     """n control ports (each with all of its agent's ports free), below 32768, spread by pid."""
     low, high = port_range()
