@@ -637,7 +637,8 @@ class Agent:
             log.info("%s#%d left a local copy of revision %d", peer, incarnation, copy_.revision)
         elif copy_ is not None:
             outcome = self._submit(Kept(peer, incarnation, copy_.revision, copy_.digest, copy_.generation,
-                                        at=time.time(), committed=committed, committed_lineage=committed_lineage),
+                                        at=time.time(), committed=committed, committed_lineage=committed_lineage,
+                                        agent=self.addr),
                                    f"report the local copy of {peer}#{incarnation}")
             if outcome is not None:
                 log.info("%s", outcome.reason)

@@ -544,7 +544,9 @@ def _evict_lost(view: AgentView, local: AgentLocal) -> Action | None:
     """Suspect every member run by an agent reported lost, at every turn until none is left in the job (a Suspect
     that found no quorum is not dropped) or that process is heard again. A member registered by a newer process at
     that address (another agent instance) is left alone; an empty instance (an agent never heard) means any
-    process there."""
+    process there. An exact local copy a dead incarnation left on that agent's host is reported too (its
+    incarnation suspected again) unless another agent process is heard at that address: with no agent to
+    restart the application there, the job waits for it only as long as its steps are worth."""
     if not local.lost or view.machine is None:
         return None
     heard = dict(view.heard)
@@ -555,10 +557,13 @@ def _evict_lost(view: AgentView, local: AgentLocal) -> Action | None:
         heard_again = back is not None and (not instance or back == instance)
         doomed = [m for m in view.machine.members if m.addr("agent") == addr
                   and (not instance or m.addr("agent_instance") in (None, instance))]
-        if not doomed or heard_again:
+        stranded = [k for k in view.machine.kept.values() if k.agent == addr and k.exact and not k.agent_lost
+                    and back is None]                   # a new agent heard there restarts the application
+        if not (doomed or stranded) or heard_again:
             forget.append((addr, instance))
             continue
         suspects += [(m.peer_id, m.incarnation, f"agent {addr} {why}") for m in doomed]
+        suspects += [(k.peer_id, k.incarnation, f"agent {addr} {why}") for k in stranded]
     return EvictLost(tuple(suspects), tuple(forget))
 
 

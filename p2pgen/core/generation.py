@@ -269,8 +269,14 @@ class GenerationMachine:
             return Outcome.refused(f"suspect: only {cmd.peer_id}'s own agent can report the local copy it kept")
         if min(cmd.kept_revision, cmd.kept_committed) < -1 or min(cmd.kept_lineage, cmd.kept_committed_lineage) < 0:
             return Outcome.refused("suspect: kept_revision and kept_committed must be >= -1, their lineages >= 0")
+        held = self.kept.get(cmd.peer_id)
+        if cmd.reporter != cmd.peer_id and held is not None and held.exact and not held.agent_lost and \
+                held.incarnation == cmd.incarnation and not self.is_current(cmd.peer_id, cmd.incarnation):
+            return self._copy_agent_lost(held, cmd, position)
+        member = self.member(cmd.peer_id)
+        agent = (member.addr("agent") or "") if member is not None else ""
         own_copy = (Kept(cmd.peer_id, cmd.incarnation, cmd.kept_revision, cmd.kept_digest, cmd.kept_lineage, cmd.at,
-                         committed=cmd.kept_committed, committed_lineage=cmd.kept_committed_lineage)
+                         committed=cmd.kept_committed, committed_lineage=cmd.kept_committed_lineage, agent=agent)
                     if cmd.kept_revision >= 0 else None)
         last_holder = (self._last_holder_note(cmd.peer_id, cmd.incarnation, cmd.at)
                        if cmd.reporter != cmd.peer_id else None)   # its own agent reports what it kept
@@ -279,6 +285,20 @@ class GenerationMachine:
         if outcome.ok and kept is not None:
             self.kept[cmd.peer_id] = kept   # its agent, if it lives, replaces a note with the copy
         return outcome
+
+    def _copy_agent_lost(self, kept: Kept, cmd: Suspect, position: LogPosition) -> Outcome:
+        """Another agent reports the agent of a dead incarnation that left an exact local copy: that agent is lost
+        too, so nothing restarts the application on that host until the host is back. The copy is waited for only
+        as long as its steps are worth (`kept_deadline`); a proposal held for it is elected again (the wait may
+        already have been worth more than the steps)."""
+        self.kept[kept.peer_id] = dataclasses.replace(kept, agent_lost=True)
+        effects: list[Effect] = []
+        proposal = self.pending
+        if proposal is not None and proposal.hold is not None and proposal.election is None:
+            self._elect(self._election(), cmd.at, position, effects)
+        return Outcome(True, f"{kept.peer_id}#{kept.incarnation}'s agent is lost too ({cmd.reason}): its local copy "
+                             f"of revision {kept.revision} comes back only with its host; waited for until "
+                             f"{self.kept_deadline(self.kept[kept.peer_id]):.3f} at most", tuple(effects))
 
     def _last_holder_note(self, peer_id: str, incarnation: int, at: float) -> Kept | None:
         """When another agent reports the active generation's last current member (its own agent is lost,
@@ -498,7 +518,9 @@ class GenerationMachine:
         awaited = self._awaited_copy(election, at)
         if awaited is not None:
             copy_ = awaited
-            what = (f"{copy_.peer_id}'s local copy holds revision {copy_.revision} (its application restarts on "
+            what = (f"{copy_.peer_id}'s local copy holds revision {copy_.revision} (its agent was lost too: it "
+                    f"comes back only with its host)" if copy_.exact and copy_.agent_lost else
+                    f"{copy_.peer_id}'s local copy holds revision {copy_.revision} (its application restarts on "
                     f"its host)" if copy_.exact else
                     f"{copy_.peer_id}#{copy_.incarnation}, the last member of generation {copy_.lineage}, was lost "
                     f"with its agent; the steps it committed after revision {copy_.revision} exist only on its "
@@ -540,13 +562,13 @@ class GenerationMachine:
     def kept_deadline(self, kept: Kept) -> float:
         """Until when the job waits for a dead incarnation's copy. An exact copy (its own agent lives and restarts
         the application on that host): `regress_wait` after the death. The note of a last holder lost with its
-        agent: the steps only it may hold were made since its generation activated, and the job waits for them
-        no longer than that took (`wait_worth`).
+        agent, or an exact copy whose agent was lost after it: the steps only that host may hold were made since
+        its generation activated, and the job waits for them no longer than that took (`wait_worth`).
 
         Args:
             kept: the copy or note, as `self.kept` holds it.
         """
-        if kept.exact:
+        if kept.exact and not kept.agent_lost:
             return kept.at + self.regress_wait
         return kept.at + self.wait_worth(kept.at, self._activated_at(kept.lineage))
 

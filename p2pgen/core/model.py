@@ -417,7 +417,11 @@ class Kept:
     Not `exact`: the machine's own note that the last member of the active generation was lost with its agent
     (a host lost or stalled). It committed steps nobody else holds, how many is unknown: at least `revision`
     (the generation's frontier), perhaps more, kept on that host's disk if the host comes back. The job waits
-    for the peer's next incarnation the same way, since no one else can hold more."""
+    for the peer's next incarnation the same way, since no one else can hold more.
+
+    `agent_lost`: an exact copy whose own agent another agent then reported lost (its host stalled, cut off or
+    dead): no agent is there to restart the application, so the job waits for the copy only as long as its steps
+    are worth, as for a note."""
 
     peer_id: str
     incarnation: int           # the incarnation that died
@@ -428,6 +432,8 @@ class Kept:
     exact: bool = True
     committed: int = -1        # the revision the dead incarnation had committed above `revision` (-1: none)
     committed_lineage: int = 0  # the generation it committed that revision in
+    agent: str = ""            # the control address of the agent on whose host the copy lies ("": not known)
+    agent_lost: bool = False   # that agent was lost too: the copy comes back only if its host does
 
 
 @dataclass(frozen=True)

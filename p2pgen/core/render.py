@@ -18,6 +18,7 @@ from p2pgen.core.model import (
     Election,
     FrontierElected,
     Hold,
+    Kept,
     Member,
     MemberEvicted,
     Outcome,
@@ -131,6 +132,13 @@ def render_proposal(p: Proposal) -> str:
     return text
 
 
+def render_kept(kept: Kept) -> str:
+    """A dead incarnation's copy as the machine waits for it: `b#1 r50 exact@127.0.0.1:7010 (agent lost)`."""
+    where = f"@{kept.agent}" if kept.agent else ""
+    return (f"{kept.peer_id}#{kept.incarnation} r{kept.revision} {'exact' if kept.exact else 'note'}{where}"
+            f"{' (agent lost)' if kept.agent_lost else ''}")
+
+
 def render_state(m: GenerationMachine) -> str:
     lines = [f"members: {member_list(m.members)}"]
     if m.active:
@@ -143,6 +151,8 @@ def render_state(m: GenerationMachine) -> str:
     lines.append(render_proposal(m.pending) if m.pending else "pending: none")
     if m.links:
         lines.append(f"links: {render_links(m.links)}")
+    if m.kept:
+        lines.append("kept: " + " ".join(render_kept(k) for k in sorted(m.kept.values(), key=lambda k: k.peer_id)))
     if m.tombstones:
         lines.append("tombstones: " + " ".join(f"{t.peer_id}#{t.incarnation}" for t in m.tombstones))
     return "\n".join(lines)
@@ -185,7 +195,8 @@ def state_json(m: GenerationMachine) -> dict[str, Any]:
         "state_epoch": m.state_epoch,
         "raft_epoch": m.raft_epoch,
         "kept": [{"peer_id": k.peer_id, "incarnation": k.incarnation, "revision": k.revision, "lineage": k.lineage,
-                  "at": k.at, "exact": k.exact, "committed": k.committed} for k in m.kept.values()],
+                  "at": k.at, "exact": k.exact, "committed": k.committed, "agent": k.agent,
+                  "agent_lost": k.agent_lost} for k in m.kept.values()],
         "forks": [{"epoch": e, "revision": r} for e, r in m.forks],
         "layout": [{"object_id": p.object_id, "length": p.length, "shards": p.shards, "itemsize": p.itemsize,
                     "r": p.r, "partition": p.describe()} for p in m.layout],

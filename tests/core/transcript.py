@@ -25,7 +25,8 @@ Commands (each prints `render_outcome`: `ok: ...` or `refused: ...`, then one in
                      [committed=REV:G]   (what the restored copy's previous incarnation had committed)
     synced GEN PEER INC digest=D [shards=ID:INDEX:DIGEST,...]
     fallback GEN PEER INC
-    kept PEER INC r=REV digest=D lineage=G [committed=REV:G]   (the local copy a dead incarnation left)
+    kept PEER INC r=REV digest=D lineage=G [committed=REV:G] [agent=HOST:PORT]   (the local copy a dead
+        incarnation left, on the host of that agent)
 
 Every command also takes `at=T` (the command's time; it holds for later commands until the next `at=`,
 starting at 0) and `term=T` / `index=I` (its Raft log position). The interpreter numbers commands like a log:
@@ -238,7 +239,7 @@ class Interpreter:
             peer, inc = pos
             committed = kw.pop("committed", "-1:0").split(":")
             return Kept(peer, int(inc), int(kw.pop("r")), kw.pop("digest", ""), int(kw.pop("lineage", 0)), at=at,
-                        committed=int(committed[0]), committed_lineage=int(committed[1]))
+                        committed=int(committed[0]), committed_lineage=int(committed[1]), agent=kw.pop("agent", ""))
         if name == "fallback":
             gen, peer, inc = pos
             return Fallback(int(gen), peer, int(inc), at=at)
