@@ -766,7 +766,8 @@ class Peer:
             report = pull_state(self.state, job=self.job, secret=self._secret, me=self._identity, generation=generation,
                                 frontier=pending.frontier,
                                 sources=list(self._sources(view, action.pull.sources).values()),
-                                config=PullConfig(encrypt=self._encrypt))
+                                config=PullConfig(encrypt=self._encrypt),
+                                stop=lambda: self._pull_moot(generation))
         except P2PGenError as e:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self._trace.record("pull_failed", generation=generation, reason=str(e))
@@ -780,6 +781,19 @@ class Peer:
             obj.keep_only([])              # shards of the revision it left: never claimed at the frontier's
         self._trace.record("pulled", generation=generation, revision=self.state.revision, report=str(report))
         return True
+
+    def _pull_moot(self, generation: int) -> str | None:
+        """Why a pull for `generation` is of no use any more (the watcher's latest view: that proposal is no
+        longer pending, so its frontier may not be the next one), else None. A source cut off with its host
+        would otherwise hold the pull, and this member's vote in the job's next proposal, for up to the
+        connect timeout."""
+        if self._closed.is_set():
+            return "this process is closing"
+        pending = self._view.pending
+        if pending is None or pending.generation != generation:
+            now = "nothing" if pending is None else f"generation {pending.generation}"
+            return f"generation {generation} is no longer pending ({now} is): the job moved on"
+        return None
 
     def _recover_from_failed_pull(self, view: JobView, error: StateSyncError) -> None:
         """The failed pull wrote tensors: the state is a mix of two revisions and must never be voted. Put

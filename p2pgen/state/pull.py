@@ -24,6 +24,9 @@ Contract and invariants:
   checksum verification; a block made of other chunks is hashed from staging when its last byte lands.
   The copy into the user's tensor is exact, so the tensor's digest is then the verified one; it is not
   hashed again.
+- A pull the caller stops (`stop`, asked every STOP_POLL_S: its generation was abandoned, the job moved on)
+  ends within that time, whatever its sources do (one whose host is cut off would hold a connect for up to
+  `connect_timeout`), and fails like any other pull (what it wrote is named).
 - `pull_state` returns only when the state's manifest digest equals the frontier digest; otherwise it
   raises StateSyncError (or DigestMismatch) saying which source failed and why. That digest is what
   `state.digest()` would compute: a fetched tensor's is its verified digest, a skipped one was found to
@@ -62,6 +65,8 @@ from p2pgen.state.shared import (
 from p2pgen.state.wire import DigestMismatch, StateSyncError
 from p2pgen.transport import handshake
 from p2pgen.transport.seal import Seal
+
+STOP_POLL_S = 0.05          # how often a running pull asks its caller whether to stop
 
 
 @dataclass(frozen=True)
@@ -108,19 +113,28 @@ OnChunk = Callable[[Source, int], None]
 
 def pull_state(state: SharedState, *, job: str, secret: bytes, me: tuple[str, int], generation: int,
                frontier: Frontier, sources: Sequence[Source], config: PullConfig = PullConfig(),
-               progress: bool | None = None, on_chunk: OnChunk | None = None) -> PullReport:
+               progress: bool | None = None, on_chunk: OnChunk | None = None,
+               stop: Callable[[], str | None] | None = None) -> PullReport:
     """Bring `state` to `frontier` by pulling from `sources` (preference order) for `generation`.
 
     `me` is this process's (peer_id, incarnation); `generation` is the pending generation the sources
     serve. `progress` shows a bar (None: only when stdout is a TTY). `on_chunk(source, nbytes)` is
     called after each verified chunk. The state must not be touched by anyone else meanwhile.
+
+    Args:
+        stop: asked every STOP_POLL_S while the pull runs (from the pulling thread; it must be cheap):
+            why the pull must end now, else None.
+
+    Raises:
+        StateSyncError: every source failed, or `stop` gave a reason (`changed` names the tensors written).
+        DigestMismatch: the pulled state does not hash to the frontier's digest.
     """
     if not sources:
         raise StateSyncError(f"no source to pull frontier {frontier.digest} (revision {frontier.revision}) from")
     if config.chunk_bytes > config.max_frame_bytes:
         raise ValueError(f"chunk_bytes={config.chunk_bytes} exceeds max_frame_bytes={config.max_frame_bytes}")
     show = sys.stdout.isatty() if progress is None else progress
-    return _Pull(state, job, secret, me, generation, frontier, config, on_chunk, show).run(list(sources))
+    return _Pull(state, job, secret, me, generation, frontier, config, on_chunk, show, stop).run(list(sources))
 
 
 @dataclass
@@ -142,9 +156,11 @@ class _Plan:
 
 class _Pull:
     def __init__(self, state: SharedState, job: str, secret: bytes, me: tuple[str, int], generation: int,
-                 frontier: Frontier, config: PullConfig, on_chunk: OnChunk | None, show: bool) -> None:
+                 frontier: Frontier, config: PullConfig, on_chunk: OnChunk | None, show: bool,
+                 stop: Callable[[], str | None] | None = None) -> None:
         self.state, self.job, self.me, self.generation = state, job, me, generation
         self.frontier, self.config, self.on_chunk, self.show = frontier, config, on_chunk, show
+        self.stop = stop
         self.key = auth.derive_key(secret, job, wire.KEY_PURPOSE)
         self.counters = wire.Counters()
         self.cond = threading.Condition()
@@ -186,12 +202,17 @@ class _Pull:
             raise
 
     def _wait_until_settled(self) -> None:
-        """Until everything arrived, a fatal error, or every worker ended. Not until every worker ended: a
-        source that accepted the connection but does not answer (stopped, or closing its window) would
-        hold a complete pull for up to `connect_timeout` or `op_timeout`."""
+        """Until everything arrived, a fatal error, every worker ended, or the caller stops the pull. Not until
+        every worker ended: a source that accepted the connection but does not answer (stopped, or closing its
+        window) would hold a complete pull for up to `connect_timeout` or `op_timeout`."""
         with self.cond:
             while self.fatal is None and self.running and not self._complete():
-                self.cond.wait()
+                self.cond.wait(STOP_POLL_S if self.stop is not None else None)
+                why = self.stop() if self.stop is not None and not self._complete() else None
+                if why and self.fatal is None:
+                    self.fatal = StateSyncError(f"pull of frontier {self.frontier.digest} (revision "
+                                                f"{self.frontier.revision}) for generation {self.generation} "
+                                                f"stopped: {why}")
 
     def _stop_stragglers(self, workers: list[threading.Thread]) -> None:
         """Shut down the connections of workers still running and wait for them (the shutdown ends their

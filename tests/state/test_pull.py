@@ -319,3 +319,40 @@ def test_a_complete_pull_does_not_wait_for_a_source_that_never_answers(servers):
         mute.close()
     assert dst.digest() == src.digest() and bytes_of(dst) == bytes_of(src)
     assert set(report.bytes_by_source) == {"p0"} and report.failed_sources == {}
+
+
+def test_a_pull_its_caller_stops_ends_at_once_and_changes_nothing(servers):
+    """The only source never answers (its host cut off, say): with timeouts of an hour the pull would hang
+    this test until its timeout. Its caller stops it (the generation it pulls for was abandoned): the pull
+    raises, saying why, and the state is as it was."""
+    src, dst = make_state(3, 1 << 20), make_state(4, 1 << 20)
+    a = Serving(servers(src, ("p0", 1)))
+    before, asked = bytes_of(dst), threading.Event()
+
+    def stop():
+        if asked.is_set():
+            return "generation 5 is no longer pending (generation 6 is): the job moved on"
+        asked.set()                       # the first question: the pull is running and nothing came
+        return None
+
+    mute = socket.socket()
+    try:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(4)
+        silent = dataclasses.replace(source_of(a), peer_id="p9", port=mute.getsockname()[1])
+        config = dataclasses.replace(SMALL, connect_timeout=3600.0, op_timeout=3600.0)
+        with pytest.raises(StateSyncError, match=r"for generation 5 stopped: generation 5 is no longer pending") as e:
+            pull_state(dst, job=JOB, secret=SECRET, me=("joiner", 7), generation=GEN,
+                       frontier=Frontier(a.manifest.revision, a.manifest.digest), sources=[silent], config=config,
+                       progress=False, stop=stop)
+    finally:
+        mute.close()
+    assert asked.is_set() and e.value.changed == () and bytes_of(dst) == before
+
+
+def test_a_caller_that_never_stops_the_pull_changes_nothing_about_it(servers):
+    src, dst = make_state(3, 1 << 20), make_state(4, 1 << 20)
+    a = Serving(servers(src, ("p0", 1)))
+    report = pull(dst, [a], stop=lambda: None)
+    assert dst.digest() == src.digest() and bytes_of(dst) == bytes_of(src)
+    assert set(report.bytes_by_source) == {"p0"}
