@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -767,7 +768,7 @@ class Peer:
                                 frontier=pending.frontier,
                                 sources=list(self._sources(view, action.pull.sources).values()),
                                 config=PullConfig(encrypt=self._encrypt),
-                                stop=lambda: self._pull_moot(generation))
+                                stop=functools.partial(self._pull_moot, generation))
         except P2PGenError as e:
             log.warning("catch-up for generation %d failed: %s", generation, e)
             self._trace.record("pull_failed", generation=generation, reason=str(e))

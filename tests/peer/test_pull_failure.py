@@ -4,6 +4,7 @@ local copy, or, without one, restarts (Evicted)."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -79,5 +80,41 @@ def test_a_pull_that_failed_after_writing_without_a_local_copy_evicts_this_incar
         with pytest.raises(Evicted, match="must not vote this state, and it has no local copy"):
             fetch_failing_with(monkeypatch, peer, ("w",), agent)
         assert peer._trace == ["pull", "pull_failed"]
+    finally:
+        peer.close()
+
+
+def test_a_pull_is_stopped_once_its_proposal_is_no_longer_pending():
+    """`Peer._pull_moot`, which `_fetch` hands the pull as `stop`, on the watcher's latest view."""
+    def moot(pending, closed=False):
+        peer = SimpleNamespace(_closed=threading.Event(), _view=SimpleNamespace(pending=pending))
+        if closed:
+            peer._closed.set()
+        return Peer._pull_moot(peer, 3)
+
+    assert moot(SimpleNamespace(generation=3)) is None
+    assert moot(SimpleNamespace(generation=4)) == \
+        "generation 3 is no longer pending (generation 4 is): the job moved on"
+    assert moot(None) == "generation 3 is no longer pending (nothing is): the job moved on"
+    assert moot(SimpleNamespace(generation=3), closed=True) == "this process is closing"
+
+
+def test_the_fetch_hands_the_pull_its_stop(agent, monkeypatch):  # noqa: F811
+    agent.register()
+    peer = peer_for(agent)
+    peer._trace = Events()
+    handed = {}
+
+    def pull_recording_stop(*args, **kwargs):
+        handed["stop"] = kwargs["stop"]
+        raise StateSyncError("could not pull frontier: every source failed (p1: PeerLost)")
+    try:
+        monkeypatch.setattr(peer_module, "pull_state", pull_recording_stop)
+        real = JobView.from_json(agent.view())
+        action = SimpleNamespace(generation=3, pull=SimpleNamespace(sources=("p1",)))
+        view = SimpleNamespace(pending=SimpleNamespace(generation=3, frontier=Frontier(9, "ab" * 16), parent=1),
+                               member=lambda peer_id: None, instance=real.instance, on_branch=real.on_branch)
+        assert peer._fetch(action, view) is None
+        assert handed["stop"].func == peer._pull_moot and handed["stop"].args == (3,)
     finally:
         peer.close()
