@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +146,8 @@ class GenerationMachine:
         self.state_epoch = 1                        # branch of the state history; +1 at each regressed activation
         self.forks: tuple[tuple[int, int], ...] = ()   # (epoch, revision it began at), oldest first
         self.hold_since: float | None = None        # when the certified state was first found missing
+        self.active_until: float | None = None      # when the active generation stopped making steps (its
+        #                                             membership changed: its members quiesce); None until then
         self.tombstones: deque[Tombstone] = deque(maxlen=TOMBSTONE_LIMIT)
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LIMIT)
         self.resumes: deque[tuple[int, int]] = deque(maxlen=RESUMES_KEPT)   # (generation, frontier revision)
@@ -563,13 +566,17 @@ class GenerationMachine:
         """Until when the job waits for a dead incarnation's copy. An exact copy (its own agent lives and restarts
         the application on that host): `regress_wait` after the death. The note of a last holder lost with its
         agent, or an exact copy whose agent was lost after it: the steps only that host may hold were made since
-        its generation activated, and the job waits for them no longer than that took (`wait_worth`).
+        its generation activated, and the job waits for them no longer than that took (`wait_worth`), counted,
+        for such a copy, from when that generation stopped making them (a note is made then).
 
         Args:
             kept: the copy or note, as `self.kept` holds it.
         """
         if kept.exact and not kept.agent_lost:
             return kept.at + self.regress_wait
+        if kept.exact:              # the job has waited for those steps since their generation stopped making them
+            start = min(kept.at, self._stopped_at(kept.lineage))
+            return start + self.wait_worth(start, self._activated_at(kept.lineage))
         return kept.at + self.wait_worth(kept.at, self._activated_at(kept.lineage))
 
     def wait_worth(self, lost_at: float, made_since: float | None) -> float:
@@ -590,6 +597,15 @@ class GenerationMachine:
         """The wait for the certified revision, missing since `since`: worth the steps above the best state left,
         made since the job last activated a generation at or below it."""
         return self.wait_worth(since, self._reached_at(election.frontier.revision))
+
+    def _stopped_at(self, generation: int) -> float:
+        """When `generation` stopped making steps: the first change of membership after it activated (its members
+        quiesce then, or none is left), or the next activation; infinite while it makes them or when the history
+        forgot it."""
+        if generation == self.active_generation:
+            return math.inf if self.active_until is None else self.active_until
+        later = [e.at for e in self.history if e.outcome == "activated" and e.generation > generation]
+        return min(later, default=math.inf)
 
     def _activated_at(self, generation: int) -> float | None:
         """When `generation` activated, while the history remembers it."""
@@ -755,6 +771,7 @@ class GenerationMachine:
         effects.append(MemberEvicted(member.peer_id, member.incarnation, why))
 
     def _membership_changed(self, why: str, at: float, effects: list[Effect]) -> None:
+        self._active_stops(at)
         if self.pending is not None:
             abandoned = self.pending
             self.history.append(HistoryEntry(abandoned.generation, "abandoned", why, abandoned.members, at))
@@ -763,7 +780,14 @@ class GenerationMachine:
         if self.members and self._formation_complete():
             self._open(why, at, effects)
 
+    def _active_stops(self, at: float) -> None:
+        """The active generation makes no step from `at` on (a proposal opens: its members quiesce; or its
+        membership changed and no member may be left to propose)."""
+        if self.active is not None and self.active_until is None:
+            self.active_until = at
+
     def _open(self, why: str, at: float, effects: list[Effect]) -> None:
+        self._active_stops(at)
         self.last_generation += 1
         order, topology = ring_order(self.members, self.links)
         self.pending = Proposal(self.last_generation, self.active_generation, order, why, at, topology=topology)
@@ -783,7 +807,7 @@ class GenerationMachine:
             self.state_epoch += 1
             self.forks += ((self.state_epoch, election.frontier.revision),)
         recovery = self._recovery_note(election, at)
-        self.hold_since = None
+        self.hold_since = self.active_until = None
         if parent is None or set(parent.owners) != set(election.holders) or parent.ownership != election.ownership:
             self.ownership_version += 1
         kept = {m.identity for m in proposal.members}
