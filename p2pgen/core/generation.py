@@ -680,7 +680,10 @@ class GenerationMachine:
         proposal = self._open_proposal()
         if proposal.hold is None:
             return Outcome(True, f"generation {cmd.generation} is not held: nothing to fall back from")
-        election, since = self._election(), proposal.hold.since
+        election = self._election()
+        # the certified revision's wait counts from when the job first found it missing, as the hold's `until` does
+        # (a hold for a copy says since when that copy is waited for); a hold for a copy alone has no such clock
+        since = self.hold_since if self.hold_since is not None else proposal.hold.since
         awaited = self._awaited_copy(election, cmd.at)
         if awaited is not None:
             what = (f"{awaited.peer_id}'s local copy of revision {awaited.revision}" if awaited.exact else

@@ -1,7 +1,8 @@
 """Hypothesis stateful and property tests of the pure core (I1-I4).
 
 `GenerationProtocol` drives one `GenerationMachine` with random joins, restarts, suspicions (of current,
-stale and future incarnations), leaves, ready votes and syncs in any order (right and wrong digests),
+stale and future incarnations), applications dying with a local copy (reported with the removal or later,
+their agents then lost too), leaves, ready votes and syncs in any order (right and wrong digests),
 reforms, configure, duplicated commands and replays of any earlier command from the log. A replica is fed
 the same log at the same positions (I1: same log, same state, same outcomes).
 
@@ -23,6 +24,16 @@ and checks every activation against that record:
   proposal at or below that generation's frontier, without that peer's vote, is held (never elected) from
   the report for the wait those steps are worth (the time since that generation activated, bounded the
   same way), even when it would not regress below the certified revision.
+- Kept copies: an application's own agent reports the exact local copy its dead incarnation left (in the
+  `Suspect` that removes it, or as `Kept` once the removal is recorded). A proposal whose frontier is below
+  such a copy, its peer not voting, is held (never elected, fallback refused) until regress_wait after the
+  death; once another agent reports that incarnation again (the copy's agent is lost too), only as long as
+  the copy's steps are worth, and a proposal held then is elected again at once (a repeated report is
+  refused). A vote of the peer's new incarnation drops the copy; a leave of the peer with no member current
+  forgets it. Every hold's (since, until) and every fallback's acceptance are the test's own figures, the
+  certified revision's wait counted from the job's first hold since the last activation; the machine's kept
+  copies and notes (and their deadlines) equal the test's record after every step. A copy counts as said for
+  "every possible holder said what it holds", and its revision (and the commits it missed) as known committed.
 - I3: an incarnation is admitted only if it is higher than every one seen for that peer; members are never
   evicted identities; a pending proposal's votes all come from its members' current incarnations.
 - I4: an activation happened only after an accepted, not-`unknown` vote from every member and an accepted
@@ -41,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -60,6 +72,7 @@ from p2pgen.core import (
     Frontier,
     FrontierElected,
     GenerationMachine,
+    Kept,
     Leave,
     Links,
     LogPosition,
@@ -175,6 +188,24 @@ def vote_of(command: Ready, resumes: list[tuple[int, int]]) -> ReadyVote:
                      committed_lineage=command.committed_lineage)
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptRecord:
+    """The test's own record of what a dead incarnation left on its host (one per peer, as the machine keeps it):
+    an exact local copy its own agent reported (in its `Suspect`, or as `Kept`), or, not `exact`, the note of the
+    active generation's last member lost with its agent (at least the active frontier)."""
+
+    incarnation: int
+    revision: int
+    digest: str
+    lineage: int
+    at: float
+    exact: bool
+    agent: str = ""
+    agent_lost: bool = False      # another agent then reported the copy's own agent lost
+    committed: int = -1
+    committed_lineage: int = 0
+
+
 # --- the stateful test -----------------------------------------------------------------------------
 
 class GenerationProtocol(RuleBasedStateMachine):
@@ -199,16 +230,22 @@ class GenerationProtocol(RuleBasedStateMachine):
         self.elections: dict[int, Election] = {}
         self.synced: dict[int, set[tuple[str, int]]] = {}
         self.active_cert = None                 # last activated certificate, from Activated effects
+        self.active_stopped: float | None = None   # when that generation stopped making steps (the first
+        #                                            eviction, abandon or proposal after it activated)
         self.seen_active_generation = 0
         self.activations = 0
         self.now = 0.0                          # the time every command carries (`at`)
         self.regress_wait, self.fresh = DEFAULT_REGRESS_WAIT, False
         self.forks: list[tuple[int, int]] = []  # (epoch, revision it began at), from regressed activations
         self.resumes: list[tuple[int, int]] = []  # (generation, frontier revision) of every activation
-        self.missing_since: float | None = None   # first hold (or regressed election) since the last activation
-        # peer -> (incarnation, revision, lineage, at): the inexact copy the active generation's last member left
-        # when another agent reported it (its steps since the activation exist only on its host)
-        self.kept_notes: dict[str, tuple[int, int, int, float]] = {}
+        # when the job first held a proposal below the certified revision since the last activation (the clock of
+        # the regression's wait; a regression elected at once starts none, should its proposal be abandoned)
+        self.missing_since: float | None = None
+        # peer -> what its dead incarnation left on its host: an exact copy its own agent reported, or the note of
+        # the active generation's last member when another agent reported it (its steps since the activation
+        # exist only on its host)
+        self.kept: dict[str, KeptRecord] = {}
+        self.agent_addr: dict[tuple[str, int], str] = {}   # identity -> the agent address it registered with
         # (generation, "activated" | "abandoned", at, frontier revision or None): the fates the machine's bounded
         # history remembers, from the effects, so that a wait's worth is judged from what the machine can know
         self.fates: list[tuple[int, str, float, int | None]] = []
@@ -237,13 +274,14 @@ class GenerationProtocol(RuleBasedStateMachine):
     # --- observing outcomes (the independent record) ---------------------------------------------
 
     def observe(self, command, outcome, position: LogPosition) -> None:
-        self.track_kept_notes(command)
+        self.track_kept(command)
         at = getattr(command, "at", self.now)
         if isinstance(command, Register):
             identity = (command.peer_id, command.incarnation)
             if identity not in self.admitted:
                 assert command.incarnation > self.max_inc.get(command.peer_id, -1), f"I3: {identity} re-admitted"
                 self.admitted[identity] = len(self.admitted)
+                self.agent_addr[identity] = dict(command.addrs).get("agent", "")
                 self.max_inc[command.peer_id] = command.incarnation
             else:
                 assert outcome.effects == (), "a register replay must have no effect"
@@ -273,6 +311,9 @@ class GenerationProtocol(RuleBasedStateMachine):
                 self.synced.setdefault(command.generation, set()).add((command.peer_id, command.incarnation))
 
         for effect in outcome.effects:
+            if isinstance(effect, (MemberEvicted, ProposalAbandoned, ProposalOpened)) and \
+                    self.active_cert is not None and self.active_stopped is None:
+                self.active_stopped = at           # its members quiesce, or none is left
             if isinstance(effect, RestartRequired):
                 assert isinstance(command, Ready) and command.quiescence == "unknown"
                 event("restart required")
@@ -303,8 +344,8 @@ class GenerationProtocol(RuleBasedStateMachine):
             elif isinstance(effect, FrontierElected):
                 g = effect.generation
                 assert g not in self.elections
-                assert self.awaited_note(g, effect.election.frontier.revision, at) is None, \
-                    "elected below the steps a lost last member may bring back, before the wait was over"
+                assert self.awaited_copy(g, effect.election.frontier.revision, at) is None, \
+                    "elected below a local copy or a lost last member's steps, before the wait for it was over"
                 naive = self.naive_election(g)
                 assert same_election(effect.election, naive), (effect.election, naive)
                 if naive.regressed_from is not None:
@@ -316,28 +357,28 @@ class GenerationProtocol(RuleBasedStateMachine):
                         event("regressed before regress_wait: the missing steps were worth less")
                     if self.now < until:
                         event("regressed early: every possible holder said what it holds")
+                        if any(r.exact for r in self.kept.values()):
+                            event("regressed early: a dead incarnation's copy counted as said")
                     assert naive.frontier.revision > 0 or self.fresh, "fresh start without the allowance"
-                    if self.missing_since is None:
-                        self.missing_since = self.now
                 self.elections[g] = effect.election
             elif isinstance(effect, ActivationHeld):
                 g = effect.generation
                 event("activation held")
                 naive = self.naive_election(g)
-                awaited = self.awaited_note(g, naive.frontier.revision, at)
+                awaited = self.awaited_copy(g, naive.frontier.revision, at)
                 if awaited is not None:
-                    event("held for a lost last member's steps "
-                          f"({'below' if naive.regressed_from is not None else 'at'}"
+                    what = ("a lost last member's steps" if not awaited.exact else
+                            "an exact copy whose agent is lost" if awaited.agent_lost else "an exact local copy")
+                    event(f"held for {what} ({'below' if naive.regressed_from is not None else 'at'}"
                           " the certified revision)")
-                    revision, _, _, noted_at, _ = awaited
-                    assert effect.hold.best == naive.frontier and effect.hold.certified == revision
+                    assert effect.hold.best == naive.frontier and effect.hold.certified == awaited.revision
                     if naive.regressed_from is not None and self.missing_since is None:
-                        self.missing_since = noted_at
-                    until = self.note_deadline(awaited)
+                        self.missing_since = awaited.at
+                    until = self.copy_deadline(awaited)
                     if naive.regressed_from is not None:    # and then the certified revision's own wait
                         until = max(until, self.missing_since + self.wait_worth(
                             self.missing_since, self.reached_at(naive.frontier.revision)))
-                    assert (effect.hold.since, effect.hold.until) == (noted_at, until)
+                    assert (effect.hold.since, effect.hold.until) == (awaited.at, until)
                     continue
                 assert naive.regressed_from is not None, "held a proposal that would not regress"
                 assert effect.hold.best == naive.frontier and effect.hold.certified == naive.regressed_from
@@ -351,45 +392,81 @@ class GenerationProtocol(RuleBasedStateMachine):
                     "held although every incarnation that could hold the certified revision said what it holds"
             elif isinstance(effect, Activated):
                 self.check_activation(effect.certificate, position)
+                self.active_stopped = None
                 self.fates.append((effect.certificate.generation, "activated", at,
                                    effect.certificate.frontier.revision))
 
-    def track_kept_notes(self, command) -> None:
-        """The test's own record of the last-holder notes (DESIGN: no silent regression), from accepted
-        commands only: another agent's `Suspect` of the active generation's last current member notes its
-        copy at the active frontier; a `Leave` or an accepted vote of that peer drops it."""
-        if isinstance(command, Suspect) and command.reporter != command.peer_id and self.active_cert is not None:
+    def track_kept(self, command) -> None:
+        """The test's own record of what dead incarnations left on their hosts (DESIGN: no silent regression), from
+        accepted commands only, in the order the rules apply:
+
+        - another agent's `Suspect` of a dead incarnation whose exact copy is recorded (and not yet marked so):
+          that copy's own agent is lost too; it changes nothing else;
+        - a `Suspect` that removes the current incarnation: by its own agent with a copy, that exact copy; by
+          another agent, of the active generation's last current member, a note at the active frontier;
+        - `Kept` (a dead incarnation, its own agent reporting the copy after the removal): the copy, unless an
+          exact one of a later incarnation, or of the same one at or above its revision, is recorded already;
+        - a `Leave` of the peer, or its first accepted vote in a proposal (a new incarnation's vote says what it
+          restored), drops the record."""
+        if isinstance(command, Suspect):
             identity = (command.peer_id, command.incarnation)
-            members = {m.identity for m in self.active_cert.members}
-            if identity in members and not any(self.is_current(m) for m in members - {identity}):
-                self.kept_notes[command.peer_id] = (command.incarnation, self.active_cert.frontier.revision,
-                                                    self.active_cert.generation, command.at)
-        elif isinstance(command, Leave) or (isinstance(command, Ready) and command.quiescence != "unknown"):
-            self.kept_notes.pop(command.peer_id, None)
+            held = self.kept.get(command.peer_id)
+            if command.reporter != command.peer_id and held is not None and held.exact and not held.agent_lost \
+                    and held.incarnation == command.incarnation and not self.is_current(identity):
+                self.kept[command.peer_id] = dataclasses.replace(held, agent_lost=True)
+            elif command.reporter == command.peer_id and command.kept_revision >= 0:
+                self.kept[command.peer_id] = KeptRecord(
+                    command.incarnation, command.kept_revision, command.kept_digest, command.kept_lineage, command.at,
+                    True, self.agent_addr.get(identity, ""), committed=command.kept_committed,
+                    committed_lineage=command.kept_committed_lineage)
+            elif command.reporter != command.peer_id and self.active_cert is not None:
+                members = {m.identity for m in self.active_cert.members}
+                if identity in members and not any(self.is_current(m) for m in members - {identity}):
+                    frontier = self.active_cert.frontier
+                    self.kept[command.peer_id] = KeptRecord(command.incarnation, frontier.revision, frontier.digest,
+                                                            self.active_cert.generation, command.at, False)
+        elif isinstance(command, Kept):
+            held = self.kept.get(command.peer_id)
+            if held is None or not held.exact or \
+                    (held.incarnation, held.revision) < (command.incarnation, command.revision):
+                self.kept[command.peer_id] = KeptRecord(
+                    command.incarnation, command.revision, command.digest, command.lineage, command.at, command.exact,
+                    command.agent, command.agent_lost, command.committed, command.committed_lineage)
+        elif isinstance(command, Leave) or (isinstance(command, Ready) and command.quiescence != "unknown"
+                                            and command.peer_id not in self.votes.get(command.generation, {})):
+            self.kept.pop(command.peer_id, None)
 
     def holders_heard(self, g: int) -> bool:
         """The test's own rule: every member of the active generation, and every parent member it saw depart, has
-        a vote with a state (non-empty digest) in proposal g (the test sends no copies of dead incarnations)."""
+        a vote with a state (non-empty digest) in proposal g, or an exact copy of it or of a later incarnation of
+        its peer is recorded (its own agent said what it left)."""
         if self.active_cert is None:
             return False
         votes = self.votes.get(g, {})
-        possible = [m.peer_id for m in self.active_cert.members] + [p for p, _, _ in self.active_cert.departed]
-        return all(peer in votes and votes[peer][1].digest for peer in possible)
+        possible = [m.identity for m in self.active_cert.members] + [(p, i) for p, i, _ in self.active_cert.departed]
+        for peer, inc in possible:
+            copy = self.kept.get(peer)
+            if not (peer in votes and votes[peer][1].digest) and \
+                    not (copy is not None and copy.exact and copy.incarnation >= inc):
+                return False
+        return True
 
     def is_current(self, identity: tuple[str, int]) -> bool:
         return identity in self.admitted and identity not in self.evicted and self.max_inc[identity[0]] == identity[1]
 
-    def awaited_note(self, g: int, frontier: int, at: float):
-        """(revision, peer, incarnation, noted at, lineage) of the best last-holder note proposal g must wait for
-        at time `at`: its peer not voting, at or above the frontier, not left behind by a later resumption, its
-        deadline (`note_deadline`) not passed; None if there is none."""
+    def left_behind(self, lineage: int, revision: int) -> bool:
+        """A state of generation `lineage` at `revision` lies above a later resumption (lineage 0: not said)."""
+        return lineage > 0 and any(g > lineage and f < revision for g, f in self.resumes)
+
+    def awaited_copy(self, g: int, frontier: int, at: float) -> KeptRecord | None:
+        """The best record proposal g must wait for at time `at` (by revision, then peer), or None: its peer not
+        voting, an exact copy above the frontier or a note at or above it, not left behind by a later resumption,
+        its deadline (`copy_deadline`) not passed."""
         voting = {m.peer_id for m in self.proposed[g]}
-        waiting = [(revision, peer, inc, noted_at, lineage)
-                   for peer, (inc, revision, lineage, noted_at) in self.kept_notes.items()
-                   if peer not in voting and revision >= frontier
-                   and at < self.note_deadline((revision, peer, inc, noted_at, lineage))
-                   and not any(g2 > lineage and f < revision for g2, f in self.resumes)]
-        return max(waiting, key=lambda w: (w[0], w[1]), default=None)
+        waiting = [(copy.revision, peer, copy) for peer, copy in self.kept.items()
+                   if peer not in voting and copy.revision >= frontier + copy.exact
+                   and at < self.copy_deadline(copy) and not self.left_behind(copy.lineage, copy.revision)]
+        return max(waiting, key=lambda w: w[:2], default=(None, None, None))[2]
 
     def remembered(self) -> list[tuple[int, str, float, int | None]]:
         """The fates the machine's history still holds (its last HISTORY_LIMIT)."""
@@ -407,12 +484,25 @@ class GenerationProtocol(RuleBasedStateMachine):
         return next((at for _, fate, at, frontier in reversed(self.remembered())
                      if fate == "activated" and frontier is not None and frontier <= revision), None)
 
-    def note_deadline(self, note) -> float:
-        """Until when a last-holder note is waited for: its steps were made since its generation activated."""
-        _, _, _, noted_at, lineage = note
-        activated = next((at for g, fate, at, _ in reversed(self.remembered()) if fate == "activated" and g == lineage),
-                         None)
-        return noted_at + self.wait_worth(noted_at, activated)
+    def copy_deadline(self, copy: KeptRecord) -> float:
+        """Until when a record is waited for: an exact copy whose own agent lives (it restarts the application on
+        its host), regress_wait after the death; a note, or an exact copy whose agent was lost, as long as the steps
+        made since its generation activated are worth."""
+        if copy.exact and not copy.agent_lost:
+            return copy.at + self.regress_wait
+        activated = next((at for g, fate, at, _ in reversed(self.remembered())
+                          if fate == "activated" and g == copy.lineage), None)
+        start = min(copy.at, self.stopped_at(copy.lineage)) if copy.exact else copy.at
+        return start + self.wait_worth(start, activated)
+
+    def stopped_at(self, generation: int) -> float:
+        """The test's own rule: when `generation` stopped making steps (an exact copy whose agent is lost is
+        waited for from then): the active one at its first eviction, abandon or proposal after it activated;
+        an older one by the next activation the history remembers; infinite when neither is known."""
+        if self.active_cert is not None and generation == self.active_cert.generation:
+            return math.inf if self.active_stopped is None else self.active_stopped
+        return min((at for g, fate, at, _ in self.remembered() if fate == "activated" and g > generation),
+                   default=math.inf)
 
     def naive_election(self, g: int) -> Election:
         votes = self.votes.get(g, {})
@@ -420,9 +510,12 @@ class GenerationProtocol(RuleBasedStateMachine):
         assert sorted(votes) == sorted(m.peer_id for m in members), "elected or held before every member voted"
         naive = naive_elect(members, {p: v for p, (_, v) in votes.items()},
                             self.active_cert.frontier if self.active_cert else None)
-        # steps a voter's previous incarnation committed above its copy, on the history: a loss said, not waited for
-        marks = [v.committed for _, v in votes.values() if v.committed > naive.frontier.revision
-                 and not any(g2 > v.committed_lineage > 0 and f < v.committed for g2, f in self.resumes)]
+        # steps known committed above the frontier, on the history (a voter's previous incarnation above its copy;
+        # a dead incarnation's copy, or its commits above it): a loss said, not waited for
+        known = [(v.committed, v.committed_lineage) for _, v in votes.values()]
+        known += [(c.committed, c.committed_lineage) for c in self.kept.values()]
+        known += [(c.revision, c.lineage) for c in self.kept.values()]
+        marks = [r for r, lineage in known if r > naive.frontier.revision and not self.left_behind(lineage, r)]
         if marks and (naive.regressed_from is None or max(marks) > naive.regressed_from):
             naive = dataclasses.replace(naive, lost_committed=max(marks))
         return naive
@@ -631,17 +724,20 @@ class GenerationProtocol(RuleBasedStateMachine):
           data=st.data())
     def suspect_or_leave(self, reporter, peer, graceful, data):
         """Removal of the current, a stale or a never-seen incarnation: only the current one is removed. A leave of
-        a peer with no member, at or above the incarnation of a last-holder note the test recorded for it, forgets
-        that note (its agent deleted the host's copy: nothing can come back from there)."""
+        a peer with no member, at or above the incarnation of a copy or last-holder note the test recorded for it,
+        forgets that record (its agent deleted the host's copy: nothing can come back from there). Another agent's
+        suspicion of the dead incarnation whose exact copy is recorded says that copy's agent is lost too."""
         inc = self.draw_incarnation(data, peer)
         current = self.m.is_current(peer, inc)
-        note = self.kept_notes.get(peer)
-        forgets = graceful and self.m.member(peer) is None and note is not None and inc >= note[0]
+        copy = self.kept.get(peer)
+        forgets = graceful and self.m.member(peer) is None and copy is not None and inc >= copy.incarnation
+        news = not graceful and self.agent_lost_news(reporter, peer, inc)
+        held = self.m.pending is not None and self.m.pending.hold is not None
         outcome = self.send(Leave(peer, inc) if graceful else Suspect(reporter, peer, inc, "no heartbeat"))
-        assert outcome.ok == (current or forgets), outcome.reason
+        assert outcome.ok == (current or forgets or news), outcome.reason
         if forgets:
-            event("a leave with no member forgot a last holder's note")
-            assert peer not in self.m.kept
+            event(f"a leave with no member forgot {'an exact copy' if copy.exact else 'a last holder note'}")
+            assert not held or outcome.effects, "a held proposal was not elected again when a copy was forgotten"
         if current:
             assert outcome.effects[0] == MemberEvicted(peer, inc, outcome.effects[0].reason)
 
@@ -682,11 +778,17 @@ class GenerationProtocol(RuleBasedStateMachine):
                 continue
             revision, digest = self.draw_vote_values(data, behind)
             quiescence = data.draw(st.sampled_from(("proved", "rolled_back")))
+            copy = self.kept.get(member.peer_id)
             assert self.send(Ready(p.generation, member.peer_id, member.incarnation, quiescence, revision,
                                    digest, data.draw(st.integers(0, 5)), **self.draw_state_fields(data, revision))).ok
+            if copy is not None and copy.exact:
+                event("a new incarnation's vote dropped an exact copy")
         if then_sync and self.m.pending is p and p.hold is not None:
             self.now = max(self.now, p.hold.until)                 # the wait is over: ask to fall back
-            if self.send(Fallback(p.generation, p.members[0].peer_id, p.members[0].incarnation)).ok:
+            may = self.fallback_expected(p.generation)
+            outcome = self.send(Fallback(p.generation, p.members[0].peer_id, p.members[0].incarnation))
+            assert outcome.ok == may, outcome.reason
+            if may:
                 event("fallback accepted")
         if then_sync and self.m.pending is p and p.election is not None:
             self.sync_everyone(data)
@@ -737,22 +839,128 @@ class GenerationProtocol(RuleBasedStateMachine):
         p = self.m.pending
         member = data.draw(st.sampled_from(p.members))
         hold = p.hold
+        may = hold is None or self.fallback_expected(p.generation)
         outcome = self.send(Fallback(p.generation, member.peer_id, member.incarnation))
-        if hold is None:
-            assert outcome.ok and outcome.effects == ()
-            return
-        naive = self.naive_election(p.generation)
-        best = naive.frontier
-        if self.awaited_note(p.generation, best.revision, self.now) is not None:
-            may = False                     # a lost last member's steps may still come back
-        elif naive.regressed_from is None:
-            may = True                      # the hold was for such steps only, and the wait is over
-        else:
-            worth = self.wait_worth(hold.since, self.reached_at(best.revision))
-            may = self.now >= hold.since + worth and (best.revision > 0 or self.fresh)
         assert outcome.ok == may, outcome.reason
-        if may:
+        if hold is None:
+            assert outcome.effects == ()
+        elif may:
             event("fallback accepted")
+
+    def fallback_expected(self, g: int) -> bool:
+        """The test's own rule for a `fallback` of held proposal g now: refused while a copy or a lost last member's
+        steps above its frontier may still come back (`awaited_copy`); accepted when the hold was for those only;
+        else once the wait the certified revision's missing steps are worth has passed since they were first found
+        missing, or every incarnation that could hold them said what it holds, and to revision 0 only with the
+        allowance."""
+        naive = self.naive_election(g)
+        best = naive.frontier
+        awaited = self.awaited_copy(g, best.revision, self.now)
+        if awaited is not None:
+            event(f"fallback refused: {'an exact copy' if awaited.exact else 'a last holder note'} is awaited")
+            return False
+        if naive.regressed_from is None:
+            return True
+        since = self.missing_since
+        assert since is not None, "held below the certified revision, but the test never saw it missing"
+        worth = self.wait_worth(since, self.reached_at(best.revision))
+        return (self.now >= since + worth or self.holders_heard(g)) and (best.revision > 0 or self.fresh)
+
+    def agent_lost_news(self, reporter: str, peer: str, inc: int) -> bool:
+        """Whether another agent's `Suspect` of peer#inc tells that the agent of an exact copy it left is lost: the
+        test records that copy, not marked yet, of that incarnation, which is not current."""
+        copy = self.kept.get(peer)
+        return reporter != peer and copy is not None and copy.exact and not copy.agent_lost \
+            and copy.incarnation == inc and not self.is_current((peer, inc))
+
+    def draw_copy(self, data) -> KeptRecord:
+        """A local copy a dead incarnation could have left (its `at` is stamped when sent): of the active generation
+        at or above its frontier (the activation's save is waited for; steps committed since), or of an older
+        generation near it (left behind by a later resumption when above it); sometimes with commits its last
+        save missed."""
+        base = self.active_cert.frontier.revision if self.active_cert else 0
+        g = self.seen_active_generation
+        lineage = data.draw(st.sampled_from((g, g, max(min(g, 1), g - 2))))
+        revision = max(0, base + data.draw(st.integers(0 if lineage == g else -1, 3)))
+        committed = revision + data.draw(st.integers(1, 2)) if data.draw(st.integers(0, 3)) == 0 else -1
+        return KeptRecord(-1, revision, f"h{revision}", lineage, self.now, True, committed=committed,
+                          committed_lineage=lineage if committed >= 0 else 0)     # the command names the incarnation
+
+    @rule(peer=st.sampled_from(PEERS), survivors_vote=st.booleans(), data=st.data())
+    def application_died(self, peer, survivors_vote, data):
+        """A peer's application dies and its own agent reports it with the local copy it left, in the same
+        `Suspect` (mostly of a current member): only the current incarnation is removed, and then the copy is
+        recorded; with `survivors_vote`, the other members then vote at once (possibly behind the certified
+        revision). Another agent naming a copy is refused (only the peer's own agent knows what it left)."""
+        members = [m.peer_id for m in self.m.members]
+        if members and data.draw(st.integers(0, 7)):
+            peer = data.draw(st.sampled_from(members))
+        member = self.m.member(peer)
+        inc = member.incarnation if member is not None and data.draw(st.integers(0, 7)) else \
+            self.draw_incarnation(data, peer)
+        own = data.draw(st.integers(0, 7)) > 0
+        reporter = peer if own else data.draw(st.sampled_from([p for p in PEERS + ("detector",) if p != peer]))
+        copy = self.draw_copy(data)
+        current = self.m.is_current(peer, inc)
+        outcome = self.send(Suspect(reporter, peer, inc, "killed", kept_revision=copy.revision,
+                                    kept_digest=copy.digest, kept_lineage=copy.lineage,
+                                    kept_committed=copy.committed, kept_committed_lineage=copy.committed_lineage))
+        assert outcome.ok == (own and current), outcome.reason
+        if outcome.ok:
+            event("an application died leaving a local copy (reported in its Suspect)")
+            assert outcome.effects[0] == MemberEvicted(peer, inc, outcome.effects[0].reason)
+            if survivors_vote and self.m.pending is not None:
+                self.ready_everyone(data, behind=data.draw(st.booleans()), then_sync=False)
+                if data.draw(st.booleans()):           # and then its host is lost too
+                    self.lose_copy_agent(peer, data)
+
+    @precondition(lambda self: self.evicted)
+    @rule(data=st.data())
+    def copy_reported_late(self, data):
+        """A dead incarnation's own agent reports the local copy it left after the removal was recorded (`Kept`):
+        mostly the peer's last dead incarnation; refused for the current one or one never seen."""
+        peer = data.draw(st.sampled_from(sorted({p for p, _ in self.evicted})))
+        dead = max(i for p, i in self.evicted if p == peer)
+        inc = data.draw(st.sampled_from((dead, dead, dead, max(0, dead - 1), self.max_inc[peer],
+                                         self.max_inc[peer] + 1)))
+        copy = self.draw_copy(data)
+        before = self.kept.get(peer)
+        may = inc <= self.max_inc[peer] and not self.is_current((peer, inc))
+        outcome = self.send(Kept(peer, inc, copy.revision, copy.digest, copy.lineage, committed=copy.committed,
+                                 committed_lineage=copy.committed_lineage, agent=f"{peer}:7000"))
+        assert outcome.ok == may and outcome.effects == (), outcome.reason
+        if may:
+            event("a local copy reported after the removal (Kept)" if self.kept[peer] != before else
+                  "a local copy reported again (Kept, already known)")
+
+    @precondition(lambda self: any(copy.exact for copy in self.kept.values()))
+    @rule(data=st.data())
+    def copy_agent_lost(self, data):
+        """Another agent reports the agent of a dead incarnation whose exact copy is recorded (it stopped answering):
+        that copy is then waited for only as long as its steps are worth, and a proposal held for it is elected
+        again at once (held again, elected, or activated). A repeated report is refused."""
+        self.lose_copy_agent(data.draw(st.sampled_from(sorted(p for p, copy in self.kept.items() if copy.exact))),
+                             data)
+
+    def lose_copy_agent(self, peer: str, data) -> None:
+        """Another agent reports peer's dead incarnation (mostly the one whose copy is recorded), a little later."""
+        copy = self.kept[peer]
+        self.now += data.draw(st.sampled_from((0.0, 0.5, 2.0, 5.0)))   # how long its agent took to be found lost
+        reporter = data.draw(st.sampled_from([p for p in PEERS + ("detector",) if p != peer]))
+        inc = data.draw(st.sampled_from((copy.incarnation,) * 4 + (copy.incarnation + 1, self.max_inc[peer])))
+        news = self.agent_lost_news(reporter, peer, inc)
+        current = self.m.is_current(peer, inc)
+        held = self.m.pending is not None and self.m.pending.hold is not None
+        outcome = self.send(Suspect(reporter, peer, inc, "agent silent"))
+        assert outcome.ok == (news or current), outcome.reason
+        if news:
+            event("an exact copy's agent was reported lost")
+            if held:                        # held again (checked like any hold), elected, or activated
+                kinds = sorted({type(e).__name__ for e in outcome.effects})
+                assert kinds, "a held proposal was not elected again when a copy's agent was lost"
+                event(f"a held proposal was elected again when a copy's agent was lost: {kinds}")
+        elif copy.agent_lost and inc == copy.incarnation and not current:
+            event("a repeated report of a lost copy's agent was refused")
 
     @rule(peer=st.sampled_from(PEERS), data=st.data())
     def reform(self, peer, data):
@@ -792,6 +1000,18 @@ class GenerationProtocol(RuleBasedStateMachine):
         assert fingerprint(self.m) == before
 
     # --- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def kept_as_recorded(self):
+        """The copies and notes the machine waits for are exactly the test's record: recorded, marked agent-lost,
+        dropped and forgotten when the test says."""
+        kept = {p: KeptRecord(k.incarnation, k.revision, k.digest, k.lineage, k.at, k.exact, k.agent, k.agent_lost,
+                              k.committed, k.committed_lineage) for p, k in self.m.kept.items()}
+        assert kept == self.kept and all(k.peer_id == p for p, k in self.m.kept.items())
+        for peer, copy in self.kept.items():
+            assert self.m.kept_deadline(self.m.kept[peer]) == self.copy_deadline(copy)
+            if copy.agent_lost and self.copy_deadline(copy) < copy.at + self.regress_wait:
+                event("a lost agent's copy is waited for less than regress_wait")
 
     @invariant()
     def replicas_agree(self):
