@@ -300,8 +300,8 @@ class GenerationMachine:
         if proposal is not None and proposal.hold is not None and proposal.election is None:
             self._elect(self._election(), cmd.at, position, effects)
         return Outcome(True, f"{kept.peer_id}#{kept.incarnation}'s agent is lost too ({cmd.reason}): its local copy "
-                             f"of revision {kept.revision} comes back only with its host; waited for until "
-                             f"{self.kept_deadline(self.kept[kept.peer_id]):.3f} at most", tuple(effects))
+                             f"of revision {kept.revision} comes back only with its host, and is waited for only as "
+                             "long as its steps are worth", tuple(effects))
 
     def _last_holder_note(self, peer_id: str, incarnation: int, at: float) -> Kept | None:
         """When another agent reports the active generation's last current member (its own agent is lost,
@@ -530,7 +530,7 @@ class GenerationMachine:
                     f"host (its next incarnation restores them if the host comes back)")
             if election.regressed_from is not None and self.hold_since is None:
                 self.hold_since = copy_.at          # one wait: the state went missing when that copy's holder died
-            until = self.kept_deadline(copy_)
+            until = self.kept_deadline(copy_, election.frontier.revision)
             if election.regressed_from is not None and self.hold_since is not None:
                 until = max(until, self.hold_since + self._regression_wait(election, self.hold_since))
             proposal.hold = Hold(copy_.at, until, copy_.revision, election.frontier,
@@ -559,24 +559,29 @@ class GenerationMachine:
         frontier = election.frontier.revision
         waiting = [k for k in self.kept.values()
                    if k.peer_id not in voting and (k.revision > frontier or (not k.exact and k.revision >= frontier))
-                   and at < self.kept_deadline(k) and self.left_behind(k.lineage, k.revision) is None]
+                   and at < self.kept_deadline(k, frontier) and self.left_behind(k.lineage, k.revision) is None]
         return max(waiting, key=lambda k: (k.revision, k.peer_id), default=None)
 
-    def kept_deadline(self, kept: Kept) -> float:
+    def kept_deadline(self, kept: Kept, frontier: int | None = None) -> float:
         """Until when the job waits for a dead incarnation's copy. An exact copy (its own agent lives and restarts
         the application on that host): `regress_wait` after the death. The note of a last holder lost with its
-        agent, or an exact copy whose agent was lost after it: the steps only that host may hold were made since
-        its generation activated, and the job waits for them no longer than that took (`wait_worth`), counted,
-        for such a copy, from when that generation stopped making them (a note is made then).
+        agent: the steps only that host may hold were made since its generation activated, and the job waits for
+        them no longer than that took (`wait_worth`). An exact copy whose agent was lost after it: it holds every
+        step above `frontier` (the revision the job would resume from otherwise), made since the job last stood
+        at or below it, and the job waits for them no longer than that took, counted from when the copy's
+        generation stopped making steps (the job has waited for them since).
 
         Args:
             kept: the copy or note, as `self.kept` holds it.
+            frontier: the revision the job would resume from without the copy (None: not known yet; the steps
+                made since the copy's generation activated are counted then).
         """
         if kept.exact and not kept.agent_lost:
             return kept.at + self.regress_wait
-        if kept.exact:              # the job has waited for those steps since their generation stopped making them
+        if kept.exact:
             start = min(kept.at, self._stopped_at(kept.lineage))
-            return start + self.wait_worth(start, self._activated_at(kept.lineage))
+            made_since = self._activated_at(kept.lineage) if frontier is None else self._reached_at(frontier)
+            return start + self.wait_worth(start, made_since)
         return kept.at + self.wait_worth(kept.at, self._activated_at(kept.lineage))
 
     def wait_worth(self, lost_at: float, made_since: float | None) -> float:
@@ -689,7 +694,7 @@ class GenerationMachine:
             what = (f"{awaited.peer_id}'s local copy of revision {awaited.revision}" if awaited.exact else
                     f"the steps {awaited.peer_id}#{awaited.incarnation} committed after revision {awaited.revision}")
             return Outcome.refused(f"fallback for generation {cmd.generation}: {what} may still come back (until "
-                                   f"{self.kept_deadline(awaited):.3f})")
+                                   f"{self.kept_deadline(awaited, election.frontier.revision):.3f})")
         refusal = (self._regression_refusal(election, since, cmd.at) if election.regressed_from is not None
                    else None)
         if refusal is not None:

@@ -374,7 +374,7 @@ class GenerationProtocol(RuleBasedStateMachine):
                     assert effect.hold.best == naive.frontier and effect.hold.certified == awaited.revision
                     if naive.regressed_from is not None and self.missing_since is None:
                         self.missing_since = awaited.at
-                    until = self.copy_deadline(awaited)
+                    until = self.copy_deadline(awaited, naive.frontier.revision)
                     if naive.regressed_from is not None:    # and then the certified revision's own wait
                         until = max(until, self.missing_since + self.wait_worth(
                             self.missing_since, self.reached_at(naive.frontier.revision)))
@@ -465,7 +465,7 @@ class GenerationProtocol(RuleBasedStateMachine):
         voting = {m.peer_id for m in self.proposed[g]}
         waiting = [(copy.revision, peer, copy) for peer, copy in self.kept.items()
                    if peer not in voting and copy.revision >= frontier + copy.exact
-                   and at < self.copy_deadline(copy) and not self.left_behind(copy.lineage, copy.revision)]
+                   and at < self.copy_deadline(copy, frontier) and not self.left_behind(copy.lineage, copy.revision)]
         return max(waiting, key=lambda w: w[:2], default=(None, None, None))[2]
 
     def remembered(self) -> list[tuple[int, str, float, int | None]]:
@@ -484,16 +484,21 @@ class GenerationProtocol(RuleBasedStateMachine):
         return next((at for _, fate, at, frontier in reversed(self.remembered())
                      if fate == "activated" and frontier is not None and frontier <= revision), None)
 
-    def copy_deadline(self, copy: KeptRecord) -> float:
+    def copy_deadline(self, copy: KeptRecord, frontier: int | None = None) -> float:
         """Until when a record is waited for: an exact copy whose own agent lives (it restarts the application on
-        its host), regress_wait after the death; a note, or an exact copy whose agent was lost, as long as the steps
-        made since its generation activated are worth."""
+        its host), regress_wait after the death; a note, as long as the steps made since its generation activated
+        are worth; an exact copy whose agent was lost, as long as the steps above `frontier` (what the job would
+        resume from without it) are worth, made since the job last stood at or below it (unknown `frontier`: since
+        the copy's generation activated), counted from when its generation stopped making steps."""
         if copy.exact and not copy.agent_lost:
             return copy.at + self.regress_wait
         activated = next((at for g, fate, at, _ in reversed(self.remembered())
                           if fate == "activated" and g == copy.lineage), None)
-        start = min(copy.at, self.stopped_at(copy.lineage)) if copy.exact else copy.at
-        return start + self.wait_worth(start, activated)
+        if not copy.exact:
+            return copy.at + self.wait_worth(copy.at, activated)
+        start = min(copy.at, self.stopped_at(copy.lineage))
+        made_since = activated if frontier is None else self.reached_at(frontier)
+        return start + self.wait_worth(start, made_since)
 
     def stopped_at(self, generation: int) -> float:
         """The test's own rule: when `generation` stopped making steps (an exact copy whose agent is lost is
