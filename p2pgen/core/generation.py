@@ -295,10 +295,7 @@ class GenerationMachine:
         as long as its steps are worth (`kept_deadline`); a proposal held for it is elected again (the wait may
         already have been worth more than the steps)."""
         self.kept[kept.peer_id] = dataclasses.replace(kept, agent_lost=True)
-        effects: list[Effect] = []
-        proposal = self.pending
-        if proposal is not None and proposal.hold is not None and proposal.election is None:
-            self._elect(self._election(), cmd.at, position, effects)
+        effects = self._elect_held_again(cmd.at, position)
         return Outcome(True, f"{kept.peer_id}#{kept.incarnation}'s agent is lost too ({cmd.reason}): its local copy "
                              f"of revision {kept.revision} comes back only with its host, and is waited for only as "
                              "long as its steps are worth", tuple(effects))
@@ -331,10 +328,7 @@ class GenerationMachine:
         del self.kept[kept.peer_id]
         what = (f"its local copy of revision {kept.revision}" if kept.exact else
                 f"the steps {kept.peer_id}#{kept.incarnation} committed after revision {kept.revision}")
-        effects: list[Effect] = []
-        proposal = self.pending
-        if proposal is not None and proposal.hold is not None and proposal.election is None:
-            self._elect(self._election(), at, position, effects)
+        effects = self._elect_held_again(at, position)
         return Outcome(True, f"{kept.peer_id} left with no member: its agent deleted {what}, which cannot come "
                              "back", tuple(effects))
 
@@ -676,7 +670,18 @@ class GenerationMachine:
         if held is not None and held.exact and (held.incarnation, held.revision) >= (cmd.incarnation, cmd.revision):
             return Outcome.replay(f"{cmd.peer_id}'s local copy at revision {held.revision} is already known")
         self.kept[cmd.peer_id] = cmd
-        return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} left a local copy of revision {cmd.revision}")
+        return Outcome(True, f"{cmd.peer_id}#{cmd.incarnation} left a local copy of revision {cmd.revision}",
+                       tuple(self._elect_held_again(cmd.at, position)))
+
+    def _elect_held_again(self, at: float, position: LogPosition) -> list[Effect]:
+        """What the job waits for changed (a copy reported, its agent lost, or forgotten): a held proposal is
+        elected again now, so its hold names what it waits for and until when, or it activates when nothing is
+        left to wait for."""
+        effects: list[Effect] = []
+        proposal = self.pending
+        if proposal is not None and proposal.hold is not None and proposal.election is None:
+            self._elect(self._election(), at, position, effects)
+        return effects
 
     def _fallback(self, cmd: Fallback, position: LogPosition) -> Outcome:
         refusal = self._check_vote(cmd.generation, cmd.peer_id, cmd.incarnation)

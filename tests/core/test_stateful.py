@@ -931,12 +931,18 @@ class GenerationProtocol(RuleBasedStateMachine):
         copy = self.draw_copy(data)
         before = self.kept.get(peer)
         may = inc <= self.max_inc[peer] and not self.is_current((peer, inc))
+        pending = self.m.pending
+        held = pending is not None and pending.hold is not None and pending.election is None
         outcome = self.send(Kept(peer, inc, copy.revision, copy.digest, copy.lineage, committed=copy.committed,
                                  committed_lineage=copy.committed_lineage, agent=f"{peer}:7000"))
-        assert outcome.ok == may and outcome.effects == (), outcome.reason
+        assert outcome.ok == may, outcome.reason
+        assert outcome.effects == () or (held and self.kept[peer] != before), \
+            "only a new copy reported during a hold elects the held proposal again"
         if may:
             event("a local copy reported after the removal (Kept)" if self.kept[peer] != before else
                   "a local copy reported again (Kept, already known)")
+            if outcome.effects:
+                event("a copy reported during a hold elected the held proposal again")
 
     @precondition(lambda self: any(copy.exact for copy in self.kept.values()))
     @rule(data=st.data())
