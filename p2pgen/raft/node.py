@@ -307,7 +307,10 @@ class RaftNode:
         (`JobSyncObj.messages_handled`), a link or refusal event (`NodeTransport.events`), a wake-up by another
         thread, or a change of the leader this node would publish. Keep-alives due meanwhile are sent from here,
         riding on the wake-ups messages cause; the thread wakes for them alone only once they are a keep-alive
-        interval late (at most two intervals between them, well inside `connectionTimeout`).
+        interval late (at most two intervals between them, well inside `connectionTimeout`). The sleep's end is
+        read again after every message handled in the poll: an idle follower, whose election deadline each of the
+        leader's heartbeats moves, does not wake for a deadline that has moved on (nothing moves one earlier
+        without a message that calls for a tick).
 
         Args:
             wait: seconds until the next thing on a clock (`_wait_s`).
@@ -323,6 +326,7 @@ class RaftNode:
                     self._view is None or self._fresh_leader() != self._view.leader:
                 return
             transport.send_keepalives()
+            until = max(until, so_monotonic() + self._clock_wait())     # a deadline the poll's messages moved
 
     def _campaign_soon(self, dead_leader: str) -> None:
         so = self._so
@@ -410,6 +414,11 @@ class RaftNode:
         if self._handed_over or self._tick_left_work:
             self._handed_over = False
             return 0.0
+        return self._clock_wait()
+
+    def _clock_wait(self) -> float:
+        """Seconds until the next thing on a clock (see `_wait_s`), read afresh: a message handled in the poll
+        can have moved it (the leader's heartbeat moves a follower's election deadline)."""
         so = self._so
         cap = self.timing.idle_tick if self._all_connected() else self.timing.tick
         raft_now = so_monotonic()
