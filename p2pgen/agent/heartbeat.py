@@ -126,6 +126,32 @@ def _address(agent: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@functools.lru_cache(maxsize=4096)
+def _valid_sender(sender: str) -> bool:
+    """Whether a heartbeat's sender field is an address HOST:PORT (checked once per address)."""
+    if type(sender) is not str:
+        return False
+    _, colon, port = sender.rpartition(":")
+    return bool(colon) and port.isdigit()
+
+
+def _own_echo(echo: object, self_addr: str) -> int | None:
+    """The sequence number of ours that a heartbeat's echo names (None if it names none of ours).
+
+    Raises:
+        ValueError: `echo` is not a list of at most MAX_ECHO [address, seq] pairs.
+    """
+    if type(echo) is not list or len(echo) > MAX_ECHO:
+        raise ValueError(f"echo {echo!r} is not a list of at most {MAX_ECHO} [address, seq] pairs")
+    own = None
+    for entry in echo:
+        if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not str or type(entry[1]) is not int:
+            raise ValueError(f"echo {echo!r} is not a list of at most {MAX_ECHO} [address, seq] pairs")
+        if entry[0] == self_addr:
+            own = entry[1]
+    return own
+
+
 class _Bell:
     """Ends the heartbeat thread's sleep early: `ring` from any thread, `sleep` on the heartbeat thread. A lock held
     while nobody rang: a sleep takes it (a ring before the sleep included), so no ring is lost, not even one that
@@ -188,6 +214,8 @@ class HeartbeatRunner:
         # Written by this runner's thread alone; those guarded by _lock, which other threads read, are written under
         # it, and this thread reads them without it:
         self._heard: dict[str, Announcement] = {}   # last announcement of each agent (guarded by _lock)
+        self._announced: dict[str, tuple[tuple[object, ...], Announcement]] = {}   # sender -> (its last fields,
+        #                                                  their Announcement) (receive thread; see _announcement)
         self._joined: set[str] = set()               # signed senders that were not targets (guarded by _lock)
         self._last_seq: dict[str, tuple[str, int]] = {}  # address -> (instance, highest seq) (receive thread)
         self._retired: dict[str, list[str]] = {}         # address -> instances replaced there (receive thread)
@@ -433,6 +461,7 @@ class HeartbeatRunner:
             history.forget(peer)
             self._echoed.pop(peer, None)
             self._unheard_since.pop(peer, None)
+            self._announced.pop(peer, None)
             with self._lock:
                 self._reported.discard(peer)
                 self._deaf.discard(peer)
@@ -450,17 +479,20 @@ class HeartbeatRunner:
         return body + self._prover.prove(body)
 
     def _echo(self) -> list[list[str | int]]:
-        """[agent, the newest seq heard from it] for the agents judged now, the most recently heard first."""
-        tracked = [peer for peer in self._history.peers() if peer in self._last_seq]
-        tracked.sort(key=self._history.last, reverse=True)
-        return [[peer, self._last_seq[peer][1]] for peer in tracked[:MAX_ECHO]]
+        """[agent, the newest seq heard from it] for the agents judged now: every one of them, or the MAX_ECHO most
+        recently heard when there are more (a receiver looks for its own address; the order says nothing)."""
+        last_seq, history = self._last_seq, self._history
+        tracked = [peer for peer in last_seq if peer in history]
+        if len(tracked) > MAX_ECHO:
+            tracked.sort(key=history.last, reverse=True)
+            del tracked[MAX_ECHO:]
+        return [[peer, last_seq[peer][1]] for peer in tracked]
 
-    def _take_echo(self, sender: str, echo: list[list[str | int]]) -> None:
-        """Date `sender`'s echo of our heartbeats (by when we sent the one it names): a round trip."""
-        for agent, seq in echo:
-            sent = self._sent.get(seq) if agent == self.self_addr and isinstance(seq, int) else None
-            if sent is not None:
-                self._echoed[sender] = max(sent, self._echoed.get(sender, sent))
+    def _take_echo(self, sender: str, seq: int) -> None:
+        """Date `sender`'s echo of our heartbeat `seq` (by when we sent it): a round trip."""
+        sent = self._sent.get(seq)
+        if sent is not None:
+            self._echoed[sender] = max(sent, self._echoed.get(sender, sent))
 
     def _lease_quorum(self, judged: AbstractSet[str]) -> tuple[frozenset[str], bool]:
         """`lease_quorum` for the current lease plan, computed again only when the plan or the judged agents
@@ -595,17 +627,10 @@ class HeartbeatRunner:
             return self._drop("forged", "not signed with this job's heartbeat key")
         try:
             job, sender, seq, instance, node, eligible, unheard, echo = msgpack.unpackb(body)
-            if not isinstance(unheard, list) or len(unheard) > MAX_UNHEARD or \
-                    not all(isinstance(a, str) for a in unheard):
-                raise ValueError(f"unheard {unheard!r} is not a list of at most {MAX_UNHEARD} addresses")
-            if not isinstance(echo, list) or len(echo) > MAX_ECHO or not all(
-                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int)
-                    for e in echo):
-                raise ValueError(f"echo {echo!r} is not a list of at most {MAX_ECHO} [address, seq] pairs")
-            heard = Announcement(str(instance), str(node), bool(eligible), tuple(unheard))
-            _, colon, port = sender.rpartition(":")
-            if not (colon and port.isdigit()) or not isinstance(seq, int):
+            if type(seq) is not int or not _valid_sender(sender):
                 raise ValueError(f"sender {sender!r} is not HOST:PORT or seq {seq!r} is not an integer")
+            echoed_seq = _own_echo(echo, self.self_addr)
+            heard = self._announcement(sender, instance, node, eligible, unheard)
         except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as e:
             return self._drop("malformed", str(e))
         if job != self.job:
@@ -614,14 +639,13 @@ class HeartbeatRunner:
             return                                   # an injected partition (not a refusal), or not judged here
         if sender == self.self_addr or self._replayed(sender, heard.instance, seq):
             return self._drop("replayed", f"heartbeat {seq} of {sender} ({heard.instance}) was heard before")
-        if sender not in targets:
-            with self._lock:
-                self._joined.add(sender)             # a target from the next round on
         with self._lock:
+            if sender not in targets:
+                self._joined.add(sender)             # a target from the next round on
             before = self._heard.get(sender)
             self._heard[sender] = heard
             self._reported.discard(sender)
-        if before is not None and before.instance != heard.instance:
+        if before is not None and before is not heard and before.instance != heard.instance:
             self._history.forget(sender)          # the new process is judged afresh
             self._on_replaced(sender, before.instance, heard.instance)
         now = time.monotonic() if arrived is None else arrived
@@ -629,7 +653,27 @@ class HeartbeatRunner:
         if now > self._last_arrival:
             self._last_arrival = now
         self._judge_deafness(sender, heard, now)
-        self._take_echo(sender, echo)
+        if echoed_seq is not None:
+            self._take_echo(sender, echoed_seq)
+
+    def _announcement(self, sender: str, instance: object, node: object, eligible: object,
+                      unheard: object) -> Announcement:
+        """The `Announcement` of these heartbeat fields: the very object made for `sender`'s last heartbeat while
+        they are the same (an idle job's heartbeats repeat them), else a new one, its unheard list checked.
+
+        Raises:
+            ValueError: `unheard` is not a list of at most MAX_UNHEARD addresses.
+        """
+        last = self._announced.get(sender)
+        fields = (instance, node, eligible, unheard)
+        if last is not None and last[0] == fields:
+            return last[1]
+        if type(unheard) is not list or len(unheard) > MAX_UNHEARD or \
+                not all(type(agent) is str for agent in unheard):
+            raise ValueError(f"unheard {unheard!r} is not a list of at most {MAX_UNHEARD} addresses")
+        heard = Announcement(str(instance), str(node), bool(eligible), tuple(unheard))
+        self._announced[sender] = (fields, heard)
+        return heard
 
     def _judge_deafness(self, sender: str, heard: Announcement, now: float) -> None:
         """Report `sender` once it has said for the detector's timeout that it cannot hear this agent; forget
