@@ -871,10 +871,15 @@ class Agent:
 
     def _heard_changed(self, heard: bool) -> None:
         """The heartbeats' round trips start or stop proving that the job hears this agent: wake the application's
-        watcher (its `wait`), which fences its member while it is not heard."""
+        watcher (its `wait`), which fences its member while it is not heard. A warning while an application runs
+        here (it is fenced); otherwise, as when the job ends and the other agents leave first, only a note."""
         if not heard:
-            log.warning("the job is not proven to hear this agent (too few of the agents it watches echoed its "
-                        "heartbeats within %.2f s): its member stops committing", self.config.detector.stalled_floor)
+            app = self.app
+            running = app is not None and not app.exited.is_set()
+            log.log(logging.WARNING if running else logging.INFO,
+                    "the job is not proven to hear this agent (too few of the agents it watches echoed its heartbeats "
+                    "within %.2f s): %s", self.config.detector.stalled_floor,
+                    "its member stops committing" if running else "no application runs here, nothing is fenced")
         node = self.node
         if node is not None:
             node.wake_waiters()
