@@ -308,15 +308,18 @@ class RaftNode:
         thread, or a change of the leader this node would publish. Keep-alives due meanwhile are sent from here,
         riding on the wake-ups messages cause; the thread wakes for them alone only once they are a keep-alive
         interval late (at most two intervals between them, well inside `connectionTimeout`). The sleep's end is
-        read again after every message handled in the poll: an idle follower, whose election deadline each of the
-        leader's heartbeats moves, does not wake for a deadline that has moved on (nothing moves one earlier
-        without a message that calls for a tick).
+        read again after a message handled in the poll moved the clocks it depends on (`_moving_clocks`): an idle
+        follower, whose election deadline each of the leader's heartbeats moves, does not wake for a deadline that
+        has moved on (nothing moves one earlier without a message that calls for a tick). Only then: a deadline
+        that passed and stays passed (a voter connected to no other voter cannot campaign; it reconnects on its
+        turns, a tick apart) must end the sleep however often other messages wake the poll.
 
         Args:
             wait: seconds until the next thing on a clock (`_wait_s`).
         """
         so, transport, waker = self._so, self._so._SyncObj__transport, self._wake
         until = so_monotonic() + wait
+        moved = self._moving_clocks()
         while not self._stop.is_set():
             marks = (so.messages_handled, transport.events, waker.woken if waker is not None else 0)
             now = so_monotonic()
@@ -326,7 +329,10 @@ class RaftNode:
                     self._view is None or self._fresh_leader() != self._view.leader:
                 return
             transport.send_keepalives()
-            until = max(until, so_monotonic() + self._clock_wait())     # a deadline the poll's messages moved
+            if self._moving_clocks() != moved:             # the leader's heartbeat moved them: sleep to the new end
+                moved = self._moving_clocks()
+                if self.node_id is None or moved[0] > so_monotonic():    # never past a passed election deadline
+                    until = max(until, so_monotonic() + self._clock_wait())
 
     def _campaign_soon(self, dead_leader: str) -> None:
         so = self._so
@@ -415,6 +421,12 @@ class RaftNode:
             self._handed_over = False
             return 0.0
         return self._clock_wait()
+
+    def _moving_clocks(self) -> tuple[float, float]:
+        """What a routine message handled in the poll moves: a follower's election deadline and when it last heard
+        a leader (both pysyncobj's clock)."""
+        so = self._so
+        return so._SyncObj__raftElectionDeadline, so.leader_heard_at
 
     def _clock_wait(self) -> float:
         """Seconds until the next thing on a clock (see `_wait_s`), read afresh: a message handled in the poll

@@ -50,3 +50,26 @@ def test_an_idle_follower_takes_no_turn_while_the_leader_is_heard():
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_voter_that_cannot_campaign_keeps_turning_while_keepalives_wake_it():
+    """A voter whose election deadline passed but that is connected to no other voter cannot campaign: it
+    reconnects on its turns, a tick apart. The keep-alives of the non-voting members connected to it wake its
+    poll more often than that; they must not postpone its turns (they did, once the sleep's end was read again
+    after every message: 5 formation voters of a 32-agent job never elected a leader)."""
+    ports = free_control_ports(2)
+    ids = [new_node_id(f"127.0.0.1:{p + 1}") for p in ports]       # ids[1]'s node never starts
+    voter = RaftNode("j", ids[0], ids, SECRET)
+    readers = [RaftNode("j", None, ids, SECRET) for _ in range(12)]
+    try:
+        voter.start()
+        for r in readers:
+            r.start()
+        time.sleep(1.5)                                              # connected, idle, deadline long passed
+        turns = _count_turns(voter)
+        time.sleep(1.0)
+        # a tick (0.1 s) apart: about 10; postponed by every keep-alive: none or a few
+        assert turns[0] >= 5, f"the voter took {turns[0]} turns in 1 s"
+    finally:
+        for n in [voter, *readers]:
+            n.stop()
