@@ -307,19 +307,13 @@ class RaftNode:
         (`JobSyncObj.messages_handled`), a link or refusal event (`NodeTransport.events`), a wake-up by another
         thread, or a change of the leader this node would publish. Keep-alives due meanwhile are sent from here,
         riding on the wake-ups messages cause; the thread wakes for them alone only once they are a keep-alive
-        interval late (at most two intervals between them, well inside `connectionTimeout`). The sleep's end is
-        read again after a message handled in the poll moved the clocks it depends on (`_moving_clocks`): an idle
-        follower, whose election deadline each of the leader's heartbeats moves, does not wake for a deadline that
-        has moved on (nothing moves one earlier without a message that calls for a tick). Only then: a deadline
-        that passed and stays passed (a voter connected to no other voter cannot campaign; it reconnects on its
-        turns, a tick apart) must end the sleep however often other messages wake the poll.
+        interval late (at most two intervals between them, well inside `connectionTimeout`).
 
         Args:
             wait: seconds until the next thing on a clock (`_wait_s`).
         """
         so, transport, waker = self._so, self._so._SyncObj__transport, self._wake
         until = so_monotonic() + wait
-        moved = self._moving_clocks()
         while not self._stop.is_set():
             marks = (so.messages_handled, transport.events, waker.woken if waker is not None else 0)
             now = so_monotonic()
@@ -329,10 +323,6 @@ class RaftNode:
                     self._view is None or self._fresh_leader() != self._view.leader:
                 return
             transport.send_keepalives()
-            if self._moving_clocks() != moved:             # the leader's heartbeat moved them: sleep to the new end
-                moved = self._moving_clocks()
-                if self.node_id is None or moved[0] > so_monotonic():    # never past a passed election deadline
-                    until = max(until, so_monotonic() + self._clock_wait())
 
     def _campaign_soon(self, dead_leader: str) -> None:
         so = self._so
@@ -420,17 +410,6 @@ class RaftNode:
         if self._handed_over or self._tick_left_work:
             self._handed_over = False
             return 0.0
-        return self._clock_wait()
-
-    def _moving_clocks(self) -> tuple[float, float]:
-        """What a routine message handled in the poll moves: a follower's election deadline and when it last heard
-        a leader (both pysyncobj's clock)."""
-        so = self._so
-        return so._SyncObj__raftElectionDeadline, so.leader_heard_at
-
-    def _clock_wait(self) -> float:
-        """Seconds until the next thing on a clock (see `_wait_s`), read afresh: a message handled in the poll
-        can have moved it (the leader's heartbeat moves a follower's election deadline)."""
         so = self._so
         cap = self.timing.idle_tick if self._all_connected() else self.timing.tick
         raft_now = so_monotonic()
