@@ -9,8 +9,8 @@ Invariants kept:
   the thread can sleep a whole append period between ticks when nothing happens) and read published views;
 - the thread turns (ticks SyncObj, drives requests, publishes) when a timer is due or something happened that a
   turn acts on: a message that changed Raft's state or arrived while an entry is not yet applied, a link event, a
-  submission. A wake-up for anything else (an idle heartbeat or its ack, a keep-alive) is handled in the poll and
-  the thread sleeps on, sending the keep-alives that fall due meanwhile (`_sleep`);
+  submission. A wake-up for anything else (an idle heartbeat or its ack) is handled in the poll and the thread
+  sleeps on (`_sleep`);
 - a submitted command is retried with the *same* request id until a result arrives or the deadline
   passes (async callbacks can be lost on leader changes, pitfall 4), so it is applied at most once;
 - traffic is encrypted with a password derived from the job secret, the server binds only the given
@@ -305,9 +305,7 @@ class RaftNode:
     def _sleep(self, wait: float) -> None:
         """Poll for `wait` seconds, or until something a turn acts on happened: a message that calls for a tick
         (`JobSyncObj.messages_handled`), a link or refusal event (`NodeTransport.events`), a wake-up by another
-        thread, or a change of the leader this node would publish. Keep-alives due meanwhile are sent from here,
-        riding on the wake-ups messages cause; the thread wakes for them alone only once they are a keep-alive
-        interval late (at most two intervals between them, well inside `connectionTimeout`).
+        thread, or a change of the leader this node would publish.
 
         Args:
             wait: seconds until the next thing on a clock (`_wait_s`).
@@ -317,12 +315,11 @@ class RaftNode:
         while not self._stop.is_set():
             marks = (so.messages_handled, transport.events, waker.woken if waker is not None else 0)
             now = so_monotonic()
-            so._poller.poll(max(0.0, min(until, transport.keepalive_due() + transport.keepalive_interval) - now))
+            so._poller.poll(max(0.0, until - now))
             if so_monotonic() >= until or \
                     marks != (so.messages_handled, transport.events, waker.woken if waker is not None else 0) or \
                     self._view is None or self._fresh_leader() != self._view.leader:
                 return
-            transport.send_keepalives()
 
     def _campaign_soon(self, dead_leader: str) -> None:
         so = self._so

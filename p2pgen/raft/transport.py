@@ -10,13 +10,17 @@ Owns: the handshake of every Raft connection and what is sent on idle ones.
   refused with a message that says why, then disconnected, and counted in `refused`; a dialer keeps the
   refusals it receives (`refusals_received`), so a node that was removed can learn it. Nothing a refused
   connection sends reaches SyncObj.
-- Keep-alives. A tiny message on every verified connection this node sent nothing on for `keepalive_interval` s.
-  Without it idle follower-to-follower links hit `connectionTimeout` on their first send after a leader dies,
-  the first vote request is lost and every failover needs a second election round (pitfall 1). Links that carry
-  appends or their answers need none (each side's sends keep the other side's read timer fresh), so an idle
-  job's nodes wake only for the appends and the follower-to-follower keep-alives. A keep-alive received is consumed
-  here (it never reaches SyncObj, so it calls for no tick), and the node's thread sends the ones due between ticks
-  (`send_keepalives`, `keepalive_due`).
+- Liveness of a verified link, judged by the kernel. pysyncobj drops a connection it read nothing on for
+  `connectionTimeout`, so an idle link (between two followers, or a follower and a non-voting member) needed a
+  message on it every few tenths of a second, and a dropped one lost the first vote request after a leader died
+  (pitfall 1). Here, once both sides proved which node they are, the read timer no longer applies: the kernel
+  probes a link idle for LIVENESS_IDLE_S (TCP keep-alive, answered by the peer's kernel, waking no thread) and
+  aborts the connection when data or a probe stays unacknowledged for `connectionTimeout`
+  (`TCP_USER_TIMEOUT`). A dead process's link closes at once, as before (its kernel resets it); a vanished
+  host's, within `connectionTimeout` of the first unanswered send or probe; a link whose peer lives is never
+  dropped for being idle, so an idle job's nodes wake only for the leader's heartbeats and their acks.
+  A connection still in its handshake keeps pysyncobj's read timer. Where the socket options are missing the
+  read timer stays and nothing else changes but pitfall 1.
 - Link events. `events` counts what the node's thread must tick for: a link verified or closed, a refusal given
   or received; the thread sleeps on through a wake-up that changed none of it (`RaftNode`).
 - Lost links. When a connection to a voter that finished the handshake closes, `on_link_lost(node id)` is called (on the
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 import zlib
 from collections import Counter, deque
 from collections.abc import Callable
@@ -51,7 +56,6 @@ from p2pgen import faults
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE = {"type": "p2pgen_keepalive"}
 IDENTITY = "p2pgen_identity"
 REFUSED = "p2pgen_refused"
 SMALL_MESSAGE = 4096              # bytes: up to this, a message is compressed with a small deflate state
@@ -81,12 +85,44 @@ class SmallMessageZlib:
 
 tcp_connection.zlib = SmallMessageZlib()
 
+LIVENESS_IDLE_S = 1               # the kernel probes a link idle this long, then every this long (whole seconds)
+_read_timeout = tcp_connection.TcpConnection._TcpConnection__processConnectionTimeout
+
+
+def _connection_timeout(conn: tcp_connection.TcpConnection) -> None:
+    """pysyncobj's read timer, for a connection the kernel does not judge (see the module docstring)."""
+    if conn.state == CONNECTION_STATE.CONNECTED and getattr(conn, "judged_by_kernel", False):
+        return
+    _read_timeout(conn)
+
+
+tcp_connection.TcpConnection._TcpConnection__processConnectionTimeout = _connection_timeout
+
+
+def judge_by_kernel(conn: tcp_connection.TcpConnection, timeout: float) -> bool:
+    """Hand a verified connection's liveness to the kernel: keep-alive probes on an idle link, and an abort when
+    data or a probe stays unacknowledged for `timeout` seconds. False (pysyncobj's read timer stays) where the
+    platform lacks the options.
+
+    Args:
+        conn: a connection whose handshake finished.
+        timeout: seconds, pysyncobj's `connectionTimeout`.
+    """
+    sock = conn._TcpConnection__socket
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, LIVENESS_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, LIVENESS_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(timeout * 1000)))
+    except (AttributeError, OSError) as e:
+        log.debug("a Raft link keeps pysyncobj's read timer (no kernel liveness options: %s)", e)
+        return False
+    conn.judged_by_kernel = True
+    return True
+
 
 class NodeTransport(TCPTransport):
-    keepalive_interval = 0.3          # well inside connectionTimeout (1 s)
-
     def __init__(self, syncObj, selfNode, otherNodes):
-        self._last_sent: dict = {}                     # node -> when this node last sent it anything
         self._verified: set = set()                    # nodes whose connection finished the two-way handshake
         self.refused: Counter[str] = Counter()        # connections this node refused, by kind
         self.refusals_received: deque[tuple[float, str, str]] = deque(maxlen=32)   # (when, by node, reason)
@@ -119,7 +155,11 @@ class NodeTransport(TCPTransport):
         node = self._connToNode(conn)
         if node is not None:
             self._verified.add(node)
+            self._judge_by_kernel(conn)
             self.events += 1
+
+    def _judge_by_kernel(self, conn) -> None:
+        judge_by_kernel(conn, self._syncObj.conf.connectionTimeout)
 
     def _refuse(self, conn, kind: str, reason: str) -> None:
         self.events += 1
@@ -160,6 +200,7 @@ class NodeTransport(TCPTransport):
         if node is not None and kind == IDENTITY and message.get("node") == node.id:
             conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
             self._verified.add(node)
+            self._judge_by_kernel(conn)
             self._onNodeConnected(node)
             return
         if kind == REFUSED:
@@ -182,7 +223,6 @@ class NodeTransport(TCPTransport):
 
     def dropNode(self, node):
         self._verified.discard(node)
-        self._last_sent.pop(node, None)
         super().dropNode(node)
 
     # --- injected partitions ---------------------------------------------------------------------
@@ -194,38 +234,12 @@ class NodeTransport(TCPTransport):
     def send(self, node, message):
         if faults.blocked(self._here(), _addr_of(node)):
             return True                    # lost on the way, as far as the sender can tell
-        self._last_sent[node] = monotonic_time()
         return super().send(node, message)
 
     def _onMessageReceived(self, node, message):
-        if faults.blocked(_addr_of(node), self._here()) or message == KEEPALIVE:
-            return                         # a keep-alive did its work on arrival: the link's read timer is fresh
+        if faults.blocked(_addr_of(node), self._here()):
+            return
         super()._onMessageReceived(node, message)
-
-    # --- keep-alives ------------------------------------------------------------------------------
-
-    def _onTick(self):
-        super()._onTick()
-        self.send_keepalives()
-
-    def send_keepalives(self) -> None:
-        """Send a keep-alive on every verified connection this node sent nothing on for `keepalive_interval` s."""
-        now = monotonic_time()
-        for node in list(self._verified):
-            conn = self._connections.get(node)
-            if conn is not None and conn.state == CONNECTION_STATE.CONNECTED and \
-                    now - self._last_sent.get(node, 0.0) >= self.keepalive_interval:
-                self._last_sent[node] = now
-                conn.send(KEEPALIVE)
-
-    def keepalive_due(self) -> float:
-        """When (pysyncobj's clock) the next keep-alive is due; infinity with no verified connection."""
-        due = float("inf")
-        for node in self._verified:
-            conn = self._connections.get(node)
-            if conn is not None and conn.state == CONNECTION_STATE.CONNECTED:
-                due = min(due, self._last_sent.get(node, 0.0) + self.keepalive_interval)
-        return due
 
 
 def _addr_of(node) -> str | None:
