@@ -89,7 +89,6 @@ STALL_LEASE_S = 0.3            # a stall report holds this long (the application
 PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # from the control port (README)
 PORTS_PER_AGENT = len(PORT_OFFSETS)
 SUBMIT_TIMEOUT_S = 1.0          # one driver turn's wait for a commit; the next turn retries
-DRIVER_TURN_S = 0.25            # the driver's longest wait; a new Raft view or any event wakes it at once
 
 
 def port_of(control_addr: str, role: str) -> str:
@@ -179,6 +178,7 @@ class Agent:
         self._drain_info: dict | None = None       # what `show` says of it: why, and the wall time it leaves by
         self._stopped = threading.Event()
         self._stopped_app: tuple[Application, float] | None = None   # (app, when it was stopped: SIGSTOP)
+        self._wait = am.TURN_S          # how long the driver may wait for an event after its last turn
         self._standby: Application | None = None    # the warm standby, not yet promoted (--standby 1)
         self._agents: frozenset[str] = frozenset()    # heartbeat targets (see _heartbeat_targets)
         self._agents_lock = threading.Lock()
@@ -290,21 +290,25 @@ class Agent:
         return self._local.exit_code
 
     def _drive(self) -> None:
+        """Turn at every event (a new Raft view is one) and at least every `agentmachine.turn_wait` seconds. A turn
+        that starts later than the timeout past its planned wait is the agent's own stall (`AgentView.stalled`)."""
         event: tuple | None = None
         last = time.monotonic()
         while not self._stopped.is_set():
             now = time.monotonic()
-            stalled, last = now - last > self.config.detector.timeout, now
+            stalled = now - last > self.config.detector.timeout + self._wait - am.TURN_S
+            last = now
             if self._turn(event, stalled):
                 return
             try:
-                event = self._events.get(timeout=DRIVER_TURN_S)
+                event = self._events.get(timeout=self._wait)
             except queue.Empty:
                 event = None
 
     def _turn(self, event: tuple | None, stalled: bool) -> bool:
         """One driver turn: the event (if any), then every rule of the machine (`agentmachine.decide`) until it
-        rests, each kind of action performed at most once. True once the agent left."""
+        rests, each kind of action performed at most once; the machine then names how long the driver may wait
+        (`_wait`). True once the agent left."""
         self._local = begin_turn(self._local)
         happened = self._event_of(event) if event is not None else None
         if happened is not None:
@@ -314,8 +318,11 @@ class Agent:
                 self.membership.settle_pending()
             except RaftUnavailable as e:
                 self.membership.wait_because(f"no Raft quorum: {e}")
+        self._wait = am.TURN_S
         while not self._local.left:
-            if isinstance(self._step(self._gather(stalled)), am.RESTING):
+            view = self._gather(stalled)
+            if isinstance(self._step(view), am.RESTING):
+                self._wait = am.turn_wait(view, self._local)
                 break
         return self._local.left
 
@@ -371,7 +378,8 @@ class Agent:
             standby=am.StandbyStatus(spare.exited.is_set(), spare.stopped) if spare is not None else None,
             heard=tuple((addr, a.instance) for addr, a in self.heartbeats.heard().items()),
             leaving=leaving, drain=drain,
-            local_copy=self._local_copy() if drain is not None and app is not None else None, event=event)
+            local_copy=self._local_copy() if drain is not None and app is not None else None,
+            pending_voter=self.membership.preparing_voter, event=event)
 
     def _local_copy(self) -> tuple[int, int] | None:
         copy_ = self.config.state.describe_local(self.config.job, self.config.peer_id, self.addr)

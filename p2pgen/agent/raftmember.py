@@ -287,6 +287,11 @@ class RaftMembership:
         log.info("prepared voter %s for promotion", pending.node_id)
         return pending.node_id
 
+    @property
+    def preparing_voter(self) -> bool:
+        """A voter node was prepared for promotion and is not yet switched to nor abandoned (`settle_pending`)."""
+        return self._pending is not None
+
     def abandon_voter(self, node_id: str) -> None:
         with self._lock:
             pending = self._pending

@@ -49,6 +49,8 @@ STANDBY_QUIET_S = 1.0           # a standby starts once the application ran this
 STANDBY_SETTLE_S = 10.0         # ... or this long after it started
 STANDBY_REPLACEMENTS = 3        # standbys that died waiting, in a row, after which the agent keeps none
 MEMBERSHIP_CHECK_S = 1.0        # live members are asked whether this agent's voter is still one at most this often
+TURN_S = 0.25                   # the driver's longest wait while a rule may act on the clock alone (`turn_wait`)
+SETTLED_TURN_S = 1.0            # ... while none can: what it waits for wakes it (an event, a new Raft view)
 DONE = Outcome(True, "done")    # the outcome of an action that is no Raft command, performed
 
 
@@ -151,6 +153,7 @@ class AgentView:
     leaving: bool = False             # a leave was requested
     drain: Drain | None = None        # the drain under way (with `leaving`)
     local_copy: tuple[int, int] | None = None  # (revision, generation) of the local copy here, while draining
+    pending_voter: bool = False       # a voter node is being prepared for this agent (the turn promotes it)
     event: Event | None = None
 
 
@@ -415,6 +418,41 @@ def decide(view: AgentView, local: AgentLocal) -> Action:
         if action is not None and type(action).__name__ not in local.done:
             return action
     return Wait("nothing to do until the view changes")
+
+
+def turn_wait(view: AgentView, local: AgentLocal) -> float:
+    """How long the driver may wait for an event after a turn that rested on `view`: SETTLED_TURN_S when no rule
+    can act on the clock alone (`settled`), else TURN_S.
+
+    Args:
+        view: the view the turn's resting action was decided on.
+        local: the driver's memory after that action.
+    """
+    return SETTLED_TURN_S if settled(view, local) else TURN_S
+
+
+def settled(view: AgentView, local: AgentLocal) -> bool:
+    """No rule can act on the clock alone: the member is registered and running, a leader is heard, nothing is
+    lost, relaunched, drained, stopped, suspected of removal or waiting for a standby, a voter in preparation or
+    an attach grace to run out. Whatever ends this comes as an event or a new Raft view (which wake the driver),
+    or as the driver's own lateness (`stalled`, judged against the wait it planned).
+
+    Args:
+        view: what the driver gathered.
+        local: the driver's memory.
+    """
+    app, rules = view.app, local.rules
+    if view.machine is None or not view.leader or view.removed or view.removed_reason is not None or view.stalled \
+            or view.leaving or view.pending_voter:
+        return False
+    if not local.admitted or local.to_register is not None or local.refused or local.relaunch is not None or \
+            local.lost or local.rejoin_owed or local.give_up:
+        return False
+    if app is not None and (app.exited or app.stopped_for is not None or
+                            (not app.attached and app.age <= rules.attach_grace < float("inf"))):
+        return False
+    wants_standby = rules.standby and rules.supervises and local.standby_deaths < STANDBY_REPLACEMENTS
+    return not (wants_standby and view.standby is None)
 
 
 def next_incarnation(machine: GenerationMachine, local: AgentLocal) -> int:

@@ -8,6 +8,7 @@ understand.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,66 @@ def test_a_stopped_application_is_killed_once_whatever_killed_it():
     agent.local = am.advance(agent.local, am.ReportDeath(1, "was killed", False, 8.0), None)
     assert agent.local.killing is None
     assert not isinstance(am.decide(agent.view(), agent.local), am.KillApp)
+
+
+def _settled_agent(prefix: str = "agent a timeout=1.5") -> object:
+    """Agent a with its application registered, attached and running beside b's member, turned until it rests."""
+    _, _, _, agent = run_agent_transcript(f"""{prefix}
+----
+
+register b 1 agent=10.0.0.2:7000 agent_instance=b1 at=0
+----
+
+turn
+----
+
+attach
+----
+
+turn
+----
+""")
+    return agent
+
+
+def _later(agent, seconds: float) -> am.Action:
+    """What the driver decides `seconds` later on the same view, nothing else changed (a new turn)."""
+    agent.at += seconds
+    view = agent.view()
+    return am.decide(view, am.observe(am.begin_turn(agent.local), view))
+
+
+def test_a_registered_running_member_rests_settled_and_the_clock_alone_changes_nothing():
+    agent = _settled_agent()
+    assert am.settled(agent.view(), agent.local), agent.run("memory")
+    assert am.turn_wait(agent.view(), agent.local) == am.SETTLED_TURN_S
+    assert isinstance(_later(agent, 3600.0), am.RESTING)
+
+
+@pytest.mark.parametrize("circumstance", ["stopped", "leaderless", "standby", "grace", "stalled", "voter"])
+def test_a_rule_that_acts_on_the_clock_alone_keeps_the_driver_on_short_turns(circumstance: str):
+    """Each circumstance in which a rule fires on time passing alone (a stopped application is killed after the
+    detector's timeout, a long leaderless spell asks for membership, a standby starts once the application ran
+    a while, an application not attached within its grace gets the agent's vote, a stall or a voter in
+    preparation) is not settled: the driver turns every TURN_S, and the rule does fire later."""
+    prefix = {"standby": "agent a timeout=1.5 command=1 standby=1", "grace": "agent a timeout=1.5 grace=2"}
+    agent = _settled_agent(prefix.get(circumstance, "agent a timeout=1.5"))
+    view = agent.view()
+    if circumstance == "stopped":
+        agent.run("sigstop")
+    elif circumstance == "leaderless":
+        agent.run("leader no")
+        agent.local = am.observe(agent.local, agent.view())
+    elif circumstance == "grace":
+        agent.app.attached = False             # the pending generation then waits for the agent's vote
+    if circumstance == "stalled":
+        view = replace(agent.view(), stalled=True)
+    elif circumstance == "voter":
+        view = replace(agent.view(), pending_voter=True)
+    else:
+        view = agent.view()
+    assert not am.settled(view, agent.local), circumstance
+    assert am.turn_wait(view, agent.local) == am.TURN_S
+    if circumstance in ("stalled", "voter"):
+        return                                  # the shell acts on these (its own lateness, the promotion)
+    assert not isinstance(_later(agent, 60.0), am.RESTING), (circumstance, agent.run("memory"))

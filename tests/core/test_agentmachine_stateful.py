@@ -14,7 +14,9 @@ Checked after every step (I3 and the driver's own rules, from what it performed)
   the job had seen when it was decided; none the job evicted is ever registered again;
 - an evicted (or dead) incarnation's application is killed at most once and relaunched at most once;
 - a vote the job took is never repeated for the same (generation, incarnation);
-- leave is final: after `Leave`, the machine decides nothing but `Wait`.
+- leave is final: after `Leave`, the machine decides nothing but `Wait`;
+- a turn that rests on a settled view (`agentmachine.settled`: the driver then waits up to SETTLED_TURN_S for an
+  event) leaves nothing for the clock alone: the same view any time later decides a resting action.
 """
 
 from __future__ import annotations
@@ -119,6 +121,22 @@ class AgentJob(RuleBasedStateMachine):
     @rule(stalled=st.booleans())
     def turn(self, stalled: bool) -> None:
         self.run(f"turn stalled={int(stalled)}")
+        self.check_settled_rest()
+
+    def check_settled_rest(self) -> None:
+        job, local = self.job, self.job.local
+        if local is None or local.left or not am.settled(job.view(), local):
+            return
+        now = job.at
+        try:
+            for later in (0.3, 1.0, 5.0, 60.0):
+                job.at = now + later
+                view = job.view()
+                action = am.decide(view, am.observe(am.begin_turn(local), view))
+                assert isinstance(action, am.RESTING), (f"settled at {now}, yet {action} at {job.at}",
+                                                        job.run("memory"))
+        finally:
+            job.at = now
 
     @rule(seconds=st.sampled_from((0.1, 0.6, 1.2, 3.0, 6.0)))
     def time_passes(self, seconds: float) -> None:
