@@ -434,8 +434,9 @@ def turn_wait(view: AgentView, local: AgentLocal) -> float:
 def settled(view: AgentView, local: AgentLocal) -> bool:
     """No rule can act on the clock alone: the member is registered and running, a leader is heard, nothing is
     lost, relaunched, drained, stopped, suspected of removal or waiting for a standby, a voter in preparation or
-    an attach grace to run out. Whatever ends this comes as an event or a new Raft view (which wake the driver),
-    or as the driver's own lateness (`stalled`, judged against the wait it planned).
+    an attach grace to run out, and the next turn would not try again what this one could not do (a vote or a
+    registration that found no quorum). Whatever ends this comes as an event or a new Raft view (which wake the
+    driver), or as the driver's own lateness (`stalled`, judged against the wait it planned).
 
     Args:
         view: what the driver gathered.
@@ -452,7 +453,9 @@ def settled(view: AgentView, local: AgentLocal) -> bool:
                             (not app.attached and app.age <= rules.attach_grace < float("inf"))):
         return False
     wants_standby = rules.standby and rules.supervises and local.standby_deaths < STANDBY_REPLACEMENTS
-    return not (wants_standby and view.standby is None)
+    if wants_standby and view.standby is None:
+        return False
+    return isinstance(decide(view, begin_turn(local)), RESTING)
 
 
 def next_incarnation(machine: GenerationMachine, local: AgentLocal) -> int:

@@ -120,3 +120,16 @@ def test_a_rule_that_acts_on_the_clock_alone_keeps_the_driver_on_short_turns(cir
     if circumstance in ("stalled", "voter"):
         return                                  # the shell acts on these (its own lateness, the promotion)
     assert not isinstance(_later(agent, 60.0), am.RESTING), (circumstance, agent.run("memory"))
+
+
+def test_an_action_that_found_no_quorum_keeps_the_driver_on_short_turns():
+    """A vote the job could not take (no Raft quorum answered) is tried again at the next turn: a view on which
+    the turn rested after it is not settled, however still everything else is (Hypothesis found this one)."""
+    agent = _settled_agent("agent a timeout=1.5 grace=2")
+    agent.app.attached = False
+    agent.at += 5.0                                   # past the grace: the vote is the agent's
+    agent.run("raft down")
+    out = agent.run("turn")
+    assert any(line.startswith("vote") for line in out), out
+    assert not am.settled(agent.view(), agent.local)
+    assert am.turn_wait(agent.view(), agent.local) == am.TURN_S
