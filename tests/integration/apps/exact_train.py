@@ -10,6 +10,8 @@ Faults (env EXACT_FAULTS="peer:point:revision,..." with point in {mid_step, afte
 process SIGKILL itself once (a marker file in EXACT_MARKERS records that it fired). EXACT_JOIN_DELAY=
 "peer:incarnation:seconds,..." makes that incarnation wait before it joins (a slow restart). EXACT_SIZE sets the
 vector's length (default 64; read at import: a test that sets it passes it to `reference` too).
+EXACT_PROGRESS=DIR: every fifth revision committed, the file DIR/PEER-INCARNATION holds it (a test waits on it
+for a member's collectives to be under way).
 """
 
 from __future__ import annotations
@@ -63,6 +65,15 @@ def delay_join() -> None:
             time.sleep(float(seconds))
 
 
+def note_progress(peer, revision: int) -> None:
+    directory = os.environ.get("EXACT_PROGRESS")
+    if directory and revision % 5 == 0:
+        path = os.path.join(directory, f"{peer.peer_id}-{peer.incarnation}")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(revision))
+        os.replace(path + ".tmp", path)
+
+
 def main() -> None:
     delay_join()
     steps = int(os.environ.get("EXACT_STEPS", 40))
@@ -81,6 +92,7 @@ def main() -> None:
             maybe_fault(peer.peer_id, "after_allreduce", step.revision)
             update(state.tensors["w"], total)
             step.commit()
+        note_progress(peer, state.revision)
     summary = {"peer": peer.peer_id, "incarnation": peer.incarnation, "revision": state.revision,
                "digest": state.digest(), "w": state.tensors["w"].tolist(), **peer.stats}
     with open(os.path.join(os.environ["P2PGEN_SUMMARY_DIR"], f"{peer.peer_id}-{peer.incarnation}.json"), "w") as f:
