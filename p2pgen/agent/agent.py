@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Agent", "AgentConfig", "JoinError", "PORTS_PER_AGENT", "port_of"]
 
+SUBMIT_TIMEOUT_S = 5.0          # an application's command waits this long for a Raft quorum (the RaftNode default)
 STALL_LEASE_S = 0.3            # a stall report holds this long (the application repeats it every 0.05 s)
 PORT_OFFSETS = {"agent": 0, "raft": 1, "data": 2, "state": 3, "channel": 4}   # from the control port (README)
 PORTS_PER_AGENT = len(PORT_OFFSETS)
@@ -858,9 +859,23 @@ class Agent:
         return history_json(self._require_view().machine)
 
     def _rpc_submit(self, params: dict) -> dict:
+        """Submit an application's command through this agent's Raft node, once more through the node that replaced
+        it if that one stopped meanwhile (a promotion to voter, a rejoin): a command is idempotent (a repeated one
+        is answered as a replay), and the application learns nothing of the switch."""
         self._require_view()
-        outcome = self.node.submit(command_from_wire(params.get("command")))
-        return {"ok": outcome.ok, "reason": outcome.reason}
+        command, deadline = command_from_wire(params.get("command")), time.monotonic() + SUBMIT_TIMEOUT_S
+        node = self.node
+        if node is None:
+            raise P2PGenError(f"agent {self.addr} is switching its Raft node; ask again")
+        while True:
+            try:
+                outcome = node.submit(command, timeout=max(0.1, deadline - time.monotonic()))
+                return {"ok": outcome.ok, "reason": outcome.reason}
+            except RaftUnavailable:
+                replaced = self.node
+                if replaced is None or replaced is node or time.monotonic() >= deadline:
+                    raise
+                node = replaced
 
     def _rpc_wait(self, params: dict) -> dict:
         """The view once an entry after `after_version` is applied, or (given `leader`, the leader the caller

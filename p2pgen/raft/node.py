@@ -243,6 +243,8 @@ class RaftNode:
         wake = self._wake
         if wake is not None:
             wake.notify()                 # the node's thread handles it now, not at its next tick
+        if self._stop.is_set():           # its thread may have ended: it takes nothing more (see _run's end)
+            self._refuse_inbox()
         try:
             return request.future.result(timeout + 1.0)
         except FutureTimeout:
@@ -282,6 +284,20 @@ class RaftNode:
             self._answer_published()
             for request in list(self._requests.values()):
                 request.future.set_exception(RaftUnavailable("raft node stopped"))
+            self._refuse_inbox()
+
+    def _refuse_inbox(self) -> None:
+        """Fail every request still waiting in the inbox of a stopped node at once. A caller that reached this
+        node just before it stopped (an agent switching to its promoted voter) would otherwise wait out its whole
+        deadline: a stress run saw an application's vote hang 6 s, and every generation after it wait for that
+        vote. Run by the node's thread at its end and by a caller that finds the node stopped after enqueueing:
+        whichever comes last takes what the other left."""
+        while True:
+            try:
+                request = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            request.future.set_exception(RaftUnavailable("raft node stopped"))
             self._requests.clear()
             with self._view_changed:
                 self._view_changed.notify_all()

@@ -4,12 +4,14 @@ same incarnation registered twice (the checker's `register_once`, I3). In-proces
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from p2pgen.core import Register
 from p2pgen.raft import checker
 from p2pgen.raft.identity import new_node_id
-from p2pgen.raft.node import RaftNode
+from p2pgen.raft.node import RaftNode, RaftUnavailable
 from p2pgen.raft.trace import Trace
 from p2pgen_lab.rigs.agents import free_control_ports
 
@@ -62,3 +64,19 @@ def test_a_submit_that_returned_is_in_the_view_the_submitter_reads_next():
             assert node.view().machine.last_incarnation.get("p7") == inc, inc
     finally:
         node.stop()
+
+
+def test_a_command_given_to_a_stopped_node_fails_at_once():
+    """An agent switching to its promoted voter stops its old node; a command that reached the old node then
+    waited out its whole deadline (a stress run: an application's vote hung 6 s while the job waited for it).
+    It fails at once now, with the reason, and the caller goes to the node that replaced it."""
+    ports = free_control_ports(1)
+    ids = [new_node_id(f"127.0.0.1:{ports[0] + 1}")]
+    node = RaftNode("j", ids[0], ids, SECRET)
+    node.start()
+    assert node.wait_view(lambda v: v.leader is not None and v.ready, 10) is not None
+    node.stop()
+    started = time.monotonic()
+    with pytest.raises(RaftUnavailable, match="raft node stopped"):
+        node.submit(Register("p7", 1, (("agent", "127.0.0.1:20000"),), at=1.0), timeout=30)
+    assert time.monotonic() - started < 10, "the command waited for its deadline"
