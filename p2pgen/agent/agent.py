@@ -567,8 +567,10 @@ class Agent:
 
     def _agent_lost(self, peer: str, instance: str, why: str, proven: bool = False) -> None:
         """The heartbeats say another agent is gone: its members are for the driver, its voter (if the
-        node here leads) for the voter manager, both at once. `proven` (its host refused our heartbeats: no
-        process holds its port): if it ran the leader, this node campaigns now rather than after a timeout.
+        node here leads) for the voter manager, both at once. If it ran the Raft leader this node follows, the
+        node campaigns soon rather than after its election timeout: nothing the agents decide about the loss can
+        commit before a new leader is elected. `proven`: its host refused our heartbeats (no process holds its
+        port) or a new process announced itself at its address; else it fell silent past the detector's verdict.
 
         A silence judged while this agent has no Raft node (joining, or re-joining after a stop or a
         removal) is not acted on: what this agent heard then says more about itself than about the others
@@ -583,7 +585,7 @@ class Agent:
             return
         self._events.put(("agent_lost", peer, instance, why))
         self.voters.poke()
-        view = node.view() if proven and node is not None else None
+        view = node.view() if node is not None else None
         if view is not None and view.leader is not None and control_addr_of(view.leader) == peer and \
                 not self._leaving.is_set():          # a leaving agent would only hand the leadership over again
             node.hasten_election(view.leader)
@@ -595,7 +597,11 @@ class Agent:
 
     def _wake_driver(self) -> None:
         """A node published a new view (an entry applied, a leader or term change): the driver and the voter
-        manager look now. At most one driver wake-up is queued at a time."""
+        manager look now, and the heartbeats learn which agents the pending generation waits for. At most one
+        driver wake-up is queued at a time."""
+        view = self.membership.view()
+        if view is not None:
+            self.heartbeats.awaited({a for a in (m.addr("agent") for m in view.machine.awaited()) if a})
         self.voters.poke()
         self.prober.poke()
         if not self._view_wake.is_set():

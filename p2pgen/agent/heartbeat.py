@@ -54,7 +54,10 @@ Invariants kept:
   is the same proof. A hint is never a suspicion by itself: a live target is heard again and nothing happens;
 - while the local application reports its collective stalled (`stalled`: the members of those agents are
   what it waits for), their silences are judged from the detector's stalled floor instead of its floor, for
-  the report's lease; like a hint, a stall report is never a suspicion by itself;
+  the report's lease, at the instant a silence reaches the detector's verdict (`p2pgen.detect.judged_at`: the
+  thread wakes then, not at its next round, since the whole job waits meanwhile); the same holds, with no report,
+  for the agents whose members the job's pending generation waits for (`awaited`: their vote, or their pull),
+  since no collective runs then to stall; like a hint, a stall report is never a suspicion by itself;
 - a replayed heartbeat (one not newer than the last heard from its process, or from a process already
   replaced at that address) changes nothing: it can neither keep a dead process alive nor report a live
   one as replaced. Every packet dropped is counted under a reason (`refusals()`, shown by `p2pgen show`).
@@ -78,7 +81,7 @@ import msgpack
 from p2pgen import faults
 from p2pgen.auth import Prover
 from p2pgen.core.heartbeats import hears_no_one, lease_quorum, lease_runs_out, watched
-from p2pgen.detect import DetectorConfig, HeartbeatHistory, suspects
+from p2pgen.detect import DetectorConfig, HeartbeatHistory, judged_at, suspects
 from p2pgen.transport.stats import RejectCounters
 
 log = logging.getLogger(__name__)
@@ -229,6 +232,7 @@ class HeartbeatRunner:
         self._hints_in: dict[str, str] = {}               # hinted target -> why, not yet probed (guarded by _lock)
         self._hinted: dict[str, tuple[float, str]] = {}   # hinted target -> (when its probe left, why) (own thread)
         self._stalled_until: dict[str, float] = {}        # target -> end of its stall report (guarded by _lock)
+        self._awaited: frozenset[str] = frozenset()        # agents the pending generation waits for (see awaited)
         self._wake = _Bell()                              # a hint (or stop) ends the thread's sleep
         self._on_heard, self._lease_plan = on_heard, lease_plan
         self._quorum_of: tuple[WatchPlan | None, frozenset[str], tuple[frozenset[str], bool]] | None = None
@@ -236,6 +240,8 @@ class HeartbeatRunner:
         self._echoed: dict[str, float] = {}               # agent -> when we sent the newest it echoed (own thread)
         self._heard_by_job = True                         # the lease (read by other threads)
         self._lease_until = math.inf                      # when it runs out unless an echo comes (own thread)
+        self._stall_due: float | None = None              # when a stalled target's silence is judged (own thread)
+        self._judged_at = -math.inf                       # the time the last judgement looked at (own thread)
         self.counters = RejectCounters(REASONS)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, port))
@@ -312,8 +318,25 @@ class HeartbeatRunner:
         """
         until = time.monotonic() + lease
         with self._lock:
+            fresh = any(target not in self._stalled_until for target in targets)
             for target in targets:
                 self._stalled_until[target] = max(until, self._stalled_until.get(target, 0.0))
+        if fresh:                           # the thread plans its wake-up for the new target's verdict now
+            self._wake.ring()
+
+    def awaited(self, targets: AbstractSet[str]) -> None:
+        """The job's pending generation waits for the members of `targets`' agents (their vote, or their pull):
+        judge their silences from the detector's stalled floor for as long as it does. Replaces the previous
+        set; thread-safe; never a suspicion by itself.
+
+        Args:
+            targets: agents' control addresses HOST:PORT (this agent's own is ignored).
+        """
+        targets = frozenset(targets) - {self.self_addr}
+        fresh = bool(targets - self._awaited)
+        self._awaited = targets
+        if fresh:                           # the thread plans its wake-up for the new target's verdict now
+            self._wake.ring()
 
     def _plan(self) -> tuple[AbstractSet[str], AbstractSet[str]]:
         """(the agents heartbeats go to, the agents judged); see the module docstring. The last round's answer
@@ -322,7 +345,7 @@ class HeartbeatRunner:
         targets, plan = self._targets(), self._watch()
         last = self._planned
         if last is not None and last[0] is targets and last[1] is plan and not self._joined and \
-                not self._stalled_until:
+                not self._stalled_until and not self._awaited:
             return last[2], last[3]
         send_to = (targets | self._callers()) - {self.self_addr}
         stalled: set[str] = set()
@@ -333,27 +356,43 @@ class HeartbeatRunner:
                 self._watch_plan, self._watched = plan, watched(self.self_addr, *plan)
             with self._lock:
                 self._joined -= plan[0]                   # a joiner that registered: the ring decides from now on
-                stalled = set(self._stalled_until)
+                stalled = set(self._stalled_until) | self._awaited
             judged = send_to & (self._watched | (send_to - plan[0]) | stalled)
         self._unwatched = send_to - judged
         reusable = isinstance(targets, frozenset) and not self._joined and not stalled
         self._planned = (targets, plan, send_to, judged) if reusable else None
         return send_to, judged
 
+    def _stalled_judgement_due(self) -> float | None:
+        """When the earliest silence among the stalled targets not yet reported reaches the detector's verdict
+        (`p2pgen.detect.judged_at` with the stalled floor), if no judgement looked at that time yet (a verdict
+        that reported nothing, the agent deaf, is not looked at again before the next round); None without one."""
+        if not self._stalled_until and not self._awaited:
+            return None
+        with self._lock:
+            stalled = [t for t in self._stalled_until.keys() | self._awaited if t not in self._reported]
+        history, config = self._history, self.config
+        return min((due for due in (judged_at(history.stats(t), config, stalled=True) for t in stalled if t in history)
+                    if due > self._judged_at), default=None)
+
     def _stalled_now(self, now: float) -> frozenset[str]:
+        """The agents judged from the stalled floor now: those a stall report names, and those the pending
+        generation waits for."""
+        awaited = self._awaited
         if not self._stalled_until:         # one read, as under the lock: a report given meanwhile counts next round
-            return frozenset()
+            return awaited
         with self._lock:
             for target in [t for t, until in self._stalled_until.items() if until <= now]:
                 del self._stalled_until[target]
-            return frozenset(self._stalled_until)
+            return frozenset(self._stalled_until) | awaited
 
     def _run(self) -> None:
         """One round per heartbeat interval: take what arrived since the last round (each packet with the
         kernel's arrival time), judge, send, sleep until the next round. The thread wakes once per interval
         whatever the number of peers (an idle agent costs little CPU: a wakeup per packet cost more than the
         packet), and stop() ends its sleep at once; a hint wakes it for a probe, and while a hinted probe is
-        open it wakes every HINT_RECHECK_S for its answer."""
+        open it wakes every HINT_RECHECK_S for its answer; the lease's end and a stalled target's verdict wake it
+        when they are due."""
         next_send = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
@@ -371,6 +410,9 @@ class HeartbeatRunner:
                 wait = min(wait, HINT_RECHECK_S)
             if self._heard_by_job:             # judge the lease when it runs out, not at the next round
                 wait = min(wait, self._lease_until + LEASE_WAKE_S - time.monotonic())
+            self._stall_due = self._stalled_judgement_due()
+            if self._stall_due is not None:    # judge a stalled target's silence when its floor runs out
+                wait = min(wait, self._stall_due + LEASE_WAKE_S - time.monotonic())
             self._wake.sleep(wait)
 
     def _round(self, now: float, late: float) -> None:
@@ -393,14 +435,16 @@ class HeartbeatRunner:
 
     def _hint_turn(self, now: float) -> None:
         """Between rounds: probe newly hinted targets, take what arrived, judge the lease (the thread wakes when it
-        runs out), look for their refusals. The targets are tracked as in a round (one that joined since the last
-        round gets its history first)."""
+        runs out), look for their refusals, and judge the silences once a stalled target's is due. The targets are
+        tracked as in a round (one that joined since the last round gets its history first)."""
         _, targets = self._plan()
         self._track(targets, now)
         self._receive(targets)              # an arrival after a probe left says the target lives
         self._judge_heard(targets, now)
         self._probe_hinted(targets)
         self._judge_refusals(targets, time.monotonic())
+        if self._stall_due is not None and now >= self._stall_due:
+            self._judge(targets, time.monotonic())
 
     def _probe_hinted(self, targets: AbstractSet[str]) -> None:
         """Send a heartbeat on a connected socket to each hinted target not yet probed for its hint."""
@@ -725,6 +769,7 @@ class HeartbeatRunner:
         return False
 
     def _judge(self, targets: AbstractSet[str], now: float) -> None:
+        self._judged_at = now
         found = suspects(now, self._history, self.config, self._stalled_now(now))
         self._silent = set(found) if found and self._hears_no_one(targets, now) else set()
         if not found or self._silent or self._reset_requested:     # a reset voids what was heard before it

@@ -578,6 +578,20 @@ class GenerationMachine:
             return start + self.wait_worth(start, made_since)
         return kept.at + self.wait_worth(kept.at, self._activated_at(kept.lineage))
 
+    def awaited(self) -> tuple[Member, ...]:
+        """The members the pending generation waits for now: those that have not voted `ready`, and, once its
+        frontier is elected, those that must pull and have not reported `synced`. Empty with no pending
+        generation, and while a held one waits for a state rather than for a member."""
+        proposal = self.pending
+        if proposal is None:
+            return ()
+        election = proposal.election
+        if election is None:
+            return () if proposal.hold is not None else \
+                tuple(m for m in proposal.members if m.peer_id not in proposal.votes)
+        pulling = {p.peer_id for p in election.pulls} | {sp.peer_id for sp in election.shard_pulls}
+        return tuple(m for m in proposal.members if m.peer_id in pulling - proposal.synced)
+
     def wait_worth(self, lost_at: float, made_since: float | None) -> float:
         """How long the job waits for steps lost at `lost_at` that it made from `made_since` on: as long as they
         took to make (redoing them costs that much again), at least HOLD_FLOOR_S, at most `regress_wait`. A ski

@@ -9,7 +9,7 @@ for longer than `timeout`.
 """
 
 from p2pgen.detect.config import KINDS, DetectorConfig
-from p2pgen.detect.decision import MIN_STD_FRACTION, judge, phi, suspects
+from p2pgen.detect.decision import MIN_STD_FRACTION, judge, judged_at, phi, suspects
 from p2pgen.detect.history import HeartbeatHistory, PeerStats
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "HeartbeatHistory",
     "PeerStats",
     "judge",
+    "judged_at",
     "phi",
     "suspects",
 ]

@@ -4,10 +4,12 @@ Owns: `suspects(now, history, config, stalled)`, a pure function (no clock, no I
 inputs always give the same answer, so the agent, the tests and the churn simulator (`p2pgen_lab.simulator`) all
 run this very code. Invariants, for every kind:
   - a peer heard from within `config.floor` seconds is never suspected (within `config.stalled_floor` for the
-    peers in `stalled`: those the local application's stalled collective waits for);
+    peers in `stalled`: those the job waits for, in the local application's stalled collective or in its pending
+    generation);
   - a peer silent for more than `config.timeout` seconds is always suspected;
   - between the two, "fixed" waits for the timeout and "phi" suspects once phi > `phi_threshold`;
-  - for a given history, suspicion is monotone in `now`: once suspected, still suspected later.
+  - for a given history, suspicion is monotone in `now`: once suspected, still suspected later, and `judged_at`
+    names the instant it starts (a silent peer is suspected right after it, never at or before it).
 Phi-accrual (Hayashibara et al., 2004): phi(t) = -log10 P(next interval > t), the intervals taken as
 normal with the observed mean and standard deviation (the latter at least MIN_STD_FRACTION of the mean,
 so a perfectly regular peer does not make phi jump to infinity at the first late heartbeat).
@@ -16,6 +18,7 @@ so a perfectly regular peer does not make phi jump to infinity at the first late
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 from p2pgen.detect.config import DetectorConfig
 from p2pgen.detect.history import HeartbeatHistory, PeerStats
@@ -34,8 +37,9 @@ def judge(now: float, stats: PeerStats, config: DetectorConfig, stalled: bool = 
     """Reason to suspect one peer at `now`, or None. `suspects` applies this to every peer.
 
     Args:
-        stalled: the local application's collective, which this peer's member is part of, is stalled: the
-            floor is `config.stalled_floor` (at most `config.floor`).
+        stalled: the job waits for this peer's member (the local application's collective, which it is part of,
+            is stalled, or the pending generation waits for its vote or pull): the floor is `config.stalled_floor`
+            (at most `config.floor`).
     """
     elapsed = now - stats.last
     if elapsed <= (min(config.stalled_floor, config.floor) if stalled else config.floor):
@@ -47,9 +51,25 @@ def judge(now: float, stats: PeerStats, config: DetectorConfig, stalled: bool = 
     std = max(stats.std, MIN_STD_FRACTION * stats.mean)
     level = phi(elapsed, stats.mean, std)
     if level > config.phi_threshold:
-        why = " (the job's collective waits for it)" if stalled else ""
+        why = " (the job waits for it)" if stalled else ""
         return f"phi {level:.1f} > {config.phi_threshold:.1f} after {elapsed:.2f} s{why}"
     return None
+
+
+def judged_at(stats: PeerStats, config: DetectorConfig, stalled: bool = False) -> float:
+    """The instant from which `judge` suspects this peer if nothing more is heard from it: `judge` answers None
+    at it and a reason at any later time (suspicion is monotone). The agent wakes just past it rather than at its
+    next round, so that a stalled collective waits for the floor, not for the floor and part of a round.
+
+    Args:
+        stalled: as for `judge`.
+    """
+    floor = min(config.stalled_floor, config.floor) if stalled else config.floor
+    if config.kind == "fixed" or stats.samples == 0:
+        return stats.last + config.timeout
+    std = max(stats.std, MIN_STD_FRACTION * stats.mean)
+    crossing = stats.mean - std * NormalDist().inv_cdf(10.0 ** -config.phi_threshold)   # phi(crossing) == threshold
+    return stats.last + min(config.timeout, max(floor, crossing))
 
 
 def suspects(now: float, history: HeartbeatHistory, config: DetectorConfig,

@@ -201,14 +201,15 @@ class RaftNode:
         self._call("transfer", None, timeout)
 
     def hasten_election(self, leader: str) -> None:
-        """The node `leader` is proven dead (its agent's host refused our heartbeats): if it is still the leader
-        this follower follows, campaign soon instead of after a full election timeout: the first surviving
-        voter in id order at once, the k-th after k × `hasten_spread` s (every follower told at once knows the
-        same order, so they do not split the vote; a first one that cannot win, its log behind, is followed
-        by the next). An election is always safe in Raft; this only ends the wait for one that must come.
+        """The node `leader` is judged gone (its agent's host refused our heartbeats, or the detector judged its
+        agent's silence): if it is still the leader this follower follows, campaign soon instead of after a full
+        election timeout: the first surviving voter in id order at once, the k-th after k × `hasten_spread` s
+        (every follower told at once knows the same order, so they do not split the vote; a first one that cannot
+        win, its log behind, is followed by the next). An election is always safe in Raft; this only ends the
+        wait for one that must come (a live leader judged gone by mistake is deposed, as Raft allows at any time).
 
         Args:
-            leader: the node id of the dead leader.
+            leader: the node id of the leader judged gone.
         """
         self._hasten = leader
         wake = self._wake
@@ -348,7 +349,7 @@ class RaftNode:
             so._SyncObj__raftElectionDeadline = deadline
             self._record("hasten", self.node_id, term=so.raftCurrentTerm, dead_leader=dead_leader,
                          after=round(deadline - so_monotonic(), 4))
-            log.info("raft node %s: leader %s is dead; campaigning within %.2f s", self.node_id, dead_leader,
+            log.info("raft node %s: leader %s is judged gone; campaigning within %.2f s", self.node_id, dead_leader,
                      deadline - so_monotonic())
 
     def _link_lost(self, node_id: str) -> None:

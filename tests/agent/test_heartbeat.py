@@ -314,8 +314,67 @@ def test_a_stall_report_judges_the_silent_agent_it_names_from_the_stalled_floor_
     finally:
         for sock in held:
             sock.close()
-    assert suspected[b_addr].endswith("(the job's collective waits for it)")
+    assert suspected[b_addr].endswith("(the job waits for it)")
     assert "phi" in suspected[d_addr] and "collective" not in suspected[d_addr]
+
+
+SLOW_ROUNDS = DetectorConfig(kind="phi", timeout=60.0, floor=30.0, stalled_floor=0.3, heartbeat_interval=10.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_silence_is_judged_when_its_floor_runs_out_not_at_the_next_round():
+    """A's rounds are 10 s apart; B beats every 0.1 s, then stops (its port held). A stall report naming B makes A
+    plan its wake-up for B's verdict: B is suspected 0.3 s after its last heartbeat, long before A's next round
+    would have judged it (with the wake-up removed, this waits for that round)."""
+    a_addr, b_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(2))
+    suspected = threading.Event()
+    reasons: list[str] = []
+    a = runner(a_addr, lambda: {b_addr}, lambda peer, instance, why: (reasons.append(why), suspected.set()))
+    a.config = SLOW_ROUNDS
+    b = runner(b_addr, lambda: {a_addr}, lambda *args: None)
+    b.config = STALL_CONFIG
+    held: list[socket.socket] = []
+    try:
+        with running(a):
+            with running(b):
+                time.sleep(1.0)                                  # a history of regular intervals
+            held.append(hold_port(b_addr))
+            a.stalled([b_addr], lease=30.0)                      # wakes A, which takes B's arrivals since its round
+            assert suspected.wait(timeout=5.0), "B was not judged before A's next round"
+    finally:
+        for sock in held:
+            sock.close()
+    assert reasons == [reasons[0]] and reasons[0].endswith("(the job waits for it)")
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_the_pending_generation_waits_for_is_judged_from_the_stalled_floor_and_no_other_is():
+    """No collective runs while a generation is pending, so nothing reports a stall: the agents whose members it
+    waits for are judged from the stalled floor without one. B and D both stop (ports held); the pending
+    generation waits for B only: B is suspected long before A's next round (10 s), D, as silent, is left to
+    A's 30 s floor."""
+    a_addr, b_addr, d_addr = (f"127.0.0.1:{free_udp_port()}" for _ in range(3))
+    suspected: dict[str, str] = {}
+    b_judged = threading.Event()
+    a = runner(a_addr, lambda: {b_addr, d_addr},
+               lambda peer, instance, why: (suspected.setdefault(peer, why), b_judged.set()))
+    a.config = SLOW_ROUNDS
+    b, d = (runner(addr, lambda: {a_addr}, lambda *args: None) for addr in (b_addr, d_addr))
+    b.config = d.config = STALL_CONFIG
+    held: list[socket.socket] = []
+    try:
+        with running(a):
+            with running(b, d):
+                time.sleep(1.0)                                  # a history of regular intervals
+            held += [hold_port(b_addr), hold_port(d_addr)]
+            a.awaited({b_addr, a_addr})                          # its own address is ignored
+            assert b_judged.wait(timeout=5.0), "B was not judged before A's next round"
+            a.awaited(set())
+            time.sleep(1.0)
+    finally:
+        for sock in held:
+            sock.close()
+    assert set(suspected) == {b_addr} and suspected[b_addr].endswith("(the job waits for it)")
 
 
 @pytest.mark.timeout(30)

@@ -1060,6 +1060,26 @@ class GenerationProtocol(RuleBasedStateMachine):
             assert p.synced <= {x.peer_id for x in p.members}
 
     @invariant()
+    def the_job_waits_only_for_members_it_needs(self):
+        """`awaited` names the pending members that have not voted, or, once the frontier is elected, that must
+        pull and have not synced; a pending generation that awaits no one is held for a state (nothing else keeps
+        it from activating)."""
+        p, awaited = self.m.pending, self.m.awaited()
+        if p is None:
+            assert awaited == ()
+            return
+        assert set(awaited) <= set(p.members)
+        if p.election is None:
+            assert {m.peer_id for m in awaited} == ({m.peer_id for m in p.members} - set(p.votes)
+                                                    if p.hold is None else set())
+        else:
+            pulling = {x.peer_id for x in p.election.pulls} | {x.peer_id for x in p.election.shard_pulls}
+            assert {m.peer_id for m in awaited} == pulling - p.synced
+        if not awaited:
+            assert p.hold is not None
+            event("a pending generation that awaits no member is held")
+
+    @invariant()
     def one_view_per_generation(self):
         # I1
         generations = [h.generation for h in self.m.history]

@@ -45,6 +45,7 @@ Inspection directives:
     cert [GEN]       the active certificate (or generation GEN's, from the history), readable, one field a line
     cert json [GEN]  the same certificate as JSON (sorted keys, indent 1)
     members GEN      the member set (rank map) of history entry GEN
+    awaited          the members the pending generation waits for (`GenerationMachine.awaited`)
 
 The interpreter itself checks, after every refused command, that nothing changed: `render_state`, the JSON
 state and the JSON history must be identical before and after (DESIGN: "an invalid command changes nothing").
@@ -272,6 +273,8 @@ class Interpreter:
             return render_certificate(cert)
         if name == "cycle":
             return self._cycle(int(pos[0]))
+        if name == "awaited":
+            return [f"awaited: {member_list(self.machine.awaited())}"]
         if name == "members":
             entry = next((h for h in self.machine.history if h.generation == int(pos[0])), None)
             return [member_list(entry.members) if entry else f"g{pos[0]} is not in the history"]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pgen.detect import DetectorConfig, HeartbeatHistory, judge, suspects
+from p2pgen.detect import DetectorConfig, HeartbeatHistory, judge, judged_at, suspects
 
 
 @st.composite
@@ -85,7 +85,7 @@ def test_a_stall_lowers_the_floor_to_the_stalled_floor_and_says_why():
         history.record("b", i * 0.1)
     assert suspects(10.35, history, config) == {}
     found = suspects(10.35, history, config, frozenset({"a"}))
-    assert set(found) == {"a"} and found["a"].endswith("after 0.35 s (the job's collective waits for it)")
+    assert set(found) == {"a"} and found["a"].endswith("after 0.35 s (the job waits for it)")
     assert suspects(10.25, history, config, frozenset({"a"})) == {}
 
 
@@ -144,6 +144,28 @@ def test_a_peer_recorded_once_is_judged_by_the_fixed_rule(config, at, after):
     history.record("solo", at)
     now = at + after
     assert ("solo" in suspects(now, history, config)) == (now - at > config.timeout)
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), configs(), st.booleans())
+def test_judged_at_is_the_instant_a_silent_peer_becomes_suspected(history, config, stalled):
+    """`judge` says nothing just before `judged_at` and suspects just after it: the agent can sleep until then."""
+    for peer in history.peers():
+        stats = history.stats(peer)
+        at = judged_at(stats, config, stalled)
+        margin = 1e-7 * max(1.0, abs(at))
+        assert judge(at - margin, stats, config, stalled) is None
+        assert judge(at + margin, stats, config, stalled) is not None
+
+
+def test_judged_at_a_regular_peer_under_a_stall_is_the_stalled_floor():
+    history = HeartbeatHistory()
+    for i in range(50):
+        history.record("p", i * 0.1)
+    stats, config = history.stats("p"), DetectorConfig()
+    assert judged_at(stats, config, stalled=True) == pytest.approx(4.9 + config.stalled_floor)
+    assert judged_at(stats, config) == pytest.approx(4.9 + config.floor)
+    assert judged_at(stats, DetectorConfig(kind="fixed")) == pytest.approx(4.9 + config.timeout)
 
 
 def test_phi_suspects_a_regular_peer_soon_after_the_floor_and_says_why():

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 APP = [sys.executable, str(Path(__file__).parent / "apps" / "exact_train.py")]
 DETECT = ("--detector=phi", "--detect-timeout=3.0", "--detect-floor=1.5", "--detect-stalled-floor=0.3",
           "--heartbeat-interval=0.1")
-STALL_MARK = "(the job's collective waits for it)"
+STALL_MARK = "(the job waits for it)"
 
 
 def tombstone_of(show: dict, peer: str, incarnation: int) -> str | None:
