@@ -157,6 +157,17 @@ class GenerationMachine:
         self.layout: tuple[Partition, ...] = ()     # sharded objects the members declared (set by the first vote)
         self.links: dict[tuple[str, str], float] = {}   # (from host, to host) -> Mbit/s, as the agents measured
 
+    def snapshot(self) -> GenerationMachine:
+        """An independent copy, for readers on other threads while this one goes on applying commands. Everything
+        the machine holds is immutable (frozen dataclasses, tuples, strings, numbers), a container of such values
+        (list, dict, set, deque) or the open `Proposal`: containers are copied one level deep, the proposal with
+        its own votes and synced set, the values shared. About a hundred times cheaper than `copy.deepcopy`, which
+        the Raft thread paid after every applied batch (4 ms at the median in a stress run, 25 ms at p90, on the
+        path of every commit's answer)."""
+        copied = object.__new__(GenerationMachine)
+        copied.__dict__.update({name: _copied(value) for name, value in self.__dict__.items()})
+        return copied
+
     # --- queries -----------------------------------------------------------------------------------
 
     @property
@@ -900,6 +911,17 @@ def _plan(topology: Topology | None) -> tuple:
 
 def _layout_line(layout: tuple[Partition, ...]) -> str:
     return ", ".join(f"{p.object_id}({p.describe()}, r={p.r})" for p in layout)
+
+
+def _copied(value: Any) -> Any:
+    """`value` as a snapshot holds it (see GenerationMachine.snapshot)."""
+    if isinstance(value, Proposal):
+        return dataclasses.replace(value, votes=dict(value.votes), synced=set(value.synced))
+    if isinstance(value, deque):
+        return deque(value, maxlen=value.maxlen)
+    if isinstance(value, (list, dict, set)):
+        return type(value)(value)
+    return value
 
 
 def _reformed(self: GenerationMachine, cmd: Reformed, position: LogPosition) -> Outcome:

@@ -23,7 +23,6 @@ Invariants kept:
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import queue
@@ -535,7 +534,7 @@ class RaftNode:
         if old is not None and (old.version, old.term, old.leader, old.nodes, old.ready, old.removed,
                                 old.refusals[-1:], old.refused) == status:
             return
-        machine = copy.deepcopy(self._state.machine) if old is None or old.version != so.raftLastApplied \
+        machine = self._state.machine.snapshot() if old is None or old.version != so.raftLastApplied \
             else old.machine
         view = RaftView(so.raftLastApplied, machine, so.raftCurrentTerm, leader, so._isLeader(), nodes,
                         so.isReady(), self.node_id, self._removed, self._last_applied, tuple(self._checkpoints),

@@ -50,6 +50,7 @@ and checks every activation against that record:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -214,6 +215,7 @@ class GenerationProtocol(RuleBasedStateMachine):
         super().__init__()
         self.m = GenerationMachine("job")
         self.replica = GenerationMachine("job")
+        self.snapshot: tuple[GenerationMachine, dict] | None = None   # the last step's, and what it held then
         self.log: list = []                     # every command sent, in order
         self.term = 1
         # the test's own record, built from commands and outcomes only
@@ -1058,6 +1060,18 @@ class GenerationProtocol(RuleBasedStateMachine):
                 assert member is not None
                 assert self.votes[p.generation][peer] == (member.incarnation, vote)
             assert p.synced <= {x.peer_id for x in p.members}
+
+    @invariant()
+    def a_snapshot_reads_as_the_machine_did_whatever_it_applied_since(self):
+        """The Raft thread publishes `snapshot()` after each applied batch and goes on applying: the last step's
+        snapshot still holds what the machine held then, and a fresh one holds what it holds now."""
+        if self.snapshot is not None:
+            snapshot, then = self.snapshot
+            assert vars(snapshot) == then
+        now = copy.deepcopy(vars(self.m))
+        snapshot = self.m.snapshot()
+        assert vars(snapshot) == now and render_state(snapshot) == render_state(self.m)
+        self.snapshot = (snapshot, now)
 
     @invariant()
     def the_job_waits_only_for_members_it_needs(self):
