@@ -50,11 +50,11 @@ and checks every activation against that record:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
 from collections import Counter
+from copy import deepcopy
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -1068,7 +1068,7 @@ class GenerationProtocol(RuleBasedStateMachine):
         if self.snapshot is not None:
             snapshot, then = self.snapshot
             assert vars(snapshot) == then
-        now = copy.deepcopy(vars(self.m))
+        now = deepcopy(vars(self.m))
         snapshot = self.m.snapshot()
         assert vars(snapshot) == now and render_state(snapshot) == render_state(self.m)
         self.snapshot = (snapshot, now)
