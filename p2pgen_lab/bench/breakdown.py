@@ -9,8 +9,9 @@ the order the step loop lives them, each from the end of the previous one:
   trace, kind `hasten`);
 - `election`: -> a new Raft leader was elected (kind `leader`);
 - `leader_commit`: -> that leader committed its first entry (kind `leader_commit`: the no-op of its term);
-- `proposal`: -> the survivor's `ready` vote left (the pending generation without the victim reached it through
-  its agent);
+- `proposal`: -> the survivor's `ready` vote for the generation of its next commit left (the pending generation
+  without the victim reached it through its agent; a vote for a proposal abandoned meanwhile, a reform asked
+  while the leader was being replaced, is part of this wait);
 - `vote_commit`: -> the vote came back committed (one Raft commit through its agent);
 - `activation`: -> it activated the certificate (the other votes committed and the certificate reached it);
 - `connect`: -> its communicator of the new generation was built;
@@ -57,16 +58,16 @@ def survivor_phases(events: Events, peer: str, t0: float, raft: Events = ()) -> 
     """The phases (seconds) of one survivor after a fault at wall time t0; None when a step-loop event is
     missing. `raft`: the agents' Raft trace records (may be empty)."""
     retire = _first(events, peer, "retire", t0)
-    if retire is None:
+    commit = _first(events, peer, "commit", retire["t"]) if retire is not None else None
+    if retire is None or commit is None:
         return None
-    ready = _first(events, peer, "ready", retire["t"])
+    generation = commit["generation"]
+    ready = _first(events, peer, "ready", retire["t"], generation)
     if ready is None or "sent" not in ready:
         return None
-    generation = ready["generation"]
     active = _first(events, peer, "active", ready["t"], generation)
     connected = _first(events, peer, "connected", ready["t"], generation)
-    commit = _first(events, peer, "commit", ready["t"], generation)
-    if active is None or connected is None or commit is None:
+    if active is None or connected is None:
         return None
     marks = [t0, retire["t"], *_raft_marks(list(raft), retire["t"], ready["sent"]), ready["sent"], ready["t"],
              active["t"], connected["t"], commit["t"]]

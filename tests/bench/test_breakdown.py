@@ -53,6 +53,17 @@ def test_raft_marks_split_the_wait_for_a_new_leader_and_keep_the_sum():
     assert without["proof"] == without["election"] == without["leader_commit"] == 0.0
 
 
+def test_a_vote_for_a_proposal_abandoned_meanwhile_is_part_of_the_wait_for_the_one_that_activated():
+    """Seen in `bench recovery` after a leader-host kill: the survivors asked for a reform while the leader was
+    replaced, voted for it, and the suspicion of the dead member abandoned it; the split used to stop at that
+    first vote and skip the fault. It follows the vote for the generation of the next commit."""
+    survivor = _survivor("p1", [0.02, 0.060, 0.066, 0.070, 0.073, 0.110], generation=8)
+    abandoned = {"t": T0 + 0.030, "peer": "p1", "event": "ready", "generation": 7, "sent": T0 + 0.025}
+    phases = survivor_phases(_events(survivor + [abandoned]), "p1", T0)
+    assert phases is not None and sum(phases.values()) == pytest.approx(0.110)
+    assert phases["proposal"] == pytest.approx(0.040) and phases["vote_commit"] == pytest.approx(0.006)
+
+
 def test_a_fault_is_split_on_the_survivor_that_committed_last():
     events = _events(_survivor("p1", [0.02, 0.025, 0.031, 0.040, 0.043, 0.080]),
                      _survivor("p2", [0.01, 0.012, 0.150, 0.151, 0.152, 0.190]))
