@@ -478,6 +478,7 @@ class Peer:
         self._current_step: Step | None = None      # the step last yielded by steps() (read by p2pgen.torch)
         self.certificate: ActiveGeneration | None = None   # the certificate of the generation this member runs
         self._switch_to: int | None = None
+        self._fenced: tuple[Backend, str] | None = None   # (communicator, why) the fence aborted last (see _local)
         self._view = JobView.from_json(self._agent.show())    # the job as the local agent last showed it
         self._view_lock = threading.Condition()
         self._closed = threading.Event()
@@ -661,10 +662,11 @@ class Peer:
                 self._wait_view(view, VIEW_WAIT_S)
 
     def _local(self) -> Local:
-        backend = self._backend
+        backend, fenced = self._backend, self._fenced
         return Local(now=time.time(), clock=time.monotonic(),
                      running=backend.generation if backend is not None else None,
                      failed=backend is not None and backend.failed is not None, switch_to=self._switch_to,
+                     fenced=fenced[1] if fenced is not None and fenced[0] is backend else "",
                      closed=self._closed.is_set(),
                      at_stop=self._drained.is_set() or self.state.revision >= self._progress.stop_revision())
 
@@ -1000,6 +1002,7 @@ class Peer:
         why = cut_off(view)
         if backend is None or why is None or backend.failed is not None:
             return
+        self._fenced = (backend, why)       # the follower owes a reform once the fence lifts, however brief it was
         backend.abort(f"agent of {self.peer_id}#{self.incarnation} {why}: this member may be cut "
                       "off from the job and stops committing until it hears the job again")
 

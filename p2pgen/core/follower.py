@@ -9,7 +9,8 @@ The actions, in the order a member meets them around one generation change:
                     abort the communicator and learn its quiescence
     AskReform    -> a collective failed and the job proposes nothing: ask for a new generation of the same members
                     (not while the fence holds, `core.view.cut_off`: such a generation would only be retired again;
-                    a member the fence retired asks as soon as it lifts, not after REFORM_AFTER_S)
+                    a member the fence retired asks as soon as it lifts, not after REFORM_AFTER_S, even when it
+                    lifted before the member's next decision)
     Vote         -> serve the state frozen as it is and vote `ready` for the pending generation
     Fetch        -> pull the elected frontier from its holders (or load it from a checkpoint this member offered)
     FetchShards  -> copy or rebuild the shards the election gave this member
@@ -69,6 +70,7 @@ class Local:
     clock: float
     running: int | None = None        # the generation whose communicator this member holds (None: none)
     failed: bool = False              # that communicator failed (a member left, a peer died, it was aborted)
+    fenced: str = ""                  # why the fence aborted it (`core.view.cut_off`), when that was its failure
     switch_to: int | None = None      # a step boundary asked this member to move to this newer generation
     closed: bool = False
     at_stop: bool = False             # the state reached the revision a harness asked every member to end at
@@ -85,6 +87,7 @@ class RunStep:
 class Retire:
     generation: int
     reason: str
+    fence: str = ""                   # the fence aborted it, for this reason: a reform is owed once it lifts
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,7 @@ class Follower:
             return Exit(f"restart-all: generation {local.running} changed; every process restarts")
         if local.switch_to is not None:
             return Retire(local.running, f"joining generation {local.switch_to} at a step boundary")
-        return Retire(local.running, "generation changed")
+        return Retire(local.running, "generation changed", fence=local.fenced)
 
     def _between(self, view: JobView, local: Local) -> Action:
         p, active, pending = self.progress, view.active, view.pending
@@ -300,9 +303,10 @@ class Follower:
         highest collective sequence it reached (both go into the next vote)."""
         p = self.progress
         match action:
-            case Retire():
+            case Retire(fence=fence):
                 self.progress = _Progress(since=clock, quiescence=quiescence, collective_seq=collective_seq,
-                                          last_reform=clock)
+                                          last_reform=clock,
+                                          reform_owed=f"the fence lifted (its agent {fence})" if fence else "")
             case Vote(generation=generation, quiescence=voted_quiescence):
                 if ok is not None:
                     p.voted = generation

@@ -6,8 +6,9 @@ Extends tests/core/transcript.py: every directive of that format still works (th
     follow PEER INC [policy=certified|comm-only|restart-all] [r=REV] [digest=D] [reform_after=S] [agent_voted=1]
                      a follower for PEER#INC (its state at revision REV with digest D; default r=0, digest "");
                      agent_voted: its agent voted for it before it attached (it owes a reform)
-    local PEER [running=G|none] [failed=0|1] [switch=G|none] [closed=0|1] [stop=0|1]
-                     set what the member knows of itself (kept until changed)
+    local PEER [running=G|none] [failed=0|1] [fenced=WHY] [switch=G|none] [closed=0|1] [stop=0|1]
+                     set what the member knows of itself (kept until changed; `fenced`: the fence aborted its
+                     communicator, for that reason)
     agents N         how many agents the local agents hear (for restart-all's rendezvous; default: followers)
     leader none|NAME the Raft leader the agents hear (default: raft)
     heard 0|1        whether the job is proven to hear the agents (their leases; default 1)
@@ -73,6 +74,7 @@ class Member:
     digest: str = ""
     running: int | None = None
     failed: bool = False
+    fenced: str = ""                     # why the fence aborted its communicator ("": it did not)
     switch_to: int | None = None
     closed: bool = False
     at_stop: bool = False
@@ -85,8 +87,8 @@ def render_action(action: Action) -> str:
     match action:
         case RunStep(generation):
             return f"run step in g{generation}"
-        case Retire(generation, reason):
-            return f"retire g{generation}: {reason}"
+        case Retire(generation, reason, fence):
+            return f"retire g{generation}: {reason}" + (f" (the fence: its agent {fence})" if fence else "")
         case AskReform(generation, reason):
             return f"ask reform of g{generation}: {reason}"
         case Vote(generation, quiescence, seq, report_state):
@@ -134,8 +136,8 @@ class FollowerInterpreter(Interpreter):
         return JobView.from_json(m.lagging if m.lagging is not None else self.view_json())
 
     def local_of(self, m: Member) -> Local:
-        return Local(now=self.at, clock=self.at, running=m.running, failed=m.failed, switch_to=m.switch_to,
-                     closed=m.closed, at_stop=m.at_stop)
+        return Local(now=self.at, clock=self.at, running=m.running, failed=m.failed, fenced=m.fenced,
+                     switch_to=m.switch_to, closed=m.closed, at_stop=m.at_stop)
 
     # --- directives -----------------------------------------------------------------------------------------
 
@@ -193,11 +195,13 @@ class FollowerInterpreter(Interpreter):
             v = kw.pop("switch")
             m.switch_to = opt[v] if v in opt else int(v)
         m.failed = bool(int(kw.pop("failed", int(m.failed))))
+        m.fenced = kw.pop("fenced", m.fenced)
         m.closed = bool(int(kw.pop("closed", int(m.closed))))
         m.at_stop = bool(int(kw.pop("stop", int(m.at_stop))))
         self._no_leftovers(kw)
-        return [f"{pos[0]}: running={m.running} failed={int(m.failed)} switch={m.switch_to} closed={int(m.closed)} "
-                f"stop={int(m.at_stop)}"]
+        fenced = f" fenced={m.fenced!r}" if m.fenced else ""
+        return [f"{pos[0]}: running={m.running} failed={int(m.failed)}{fenced} switch={m.switch_to} "
+                f"closed={int(m.closed)} stop={int(m.at_stop)}"]
 
     def _commit(self, generation: int) -> list[str]:
         done = []
@@ -227,7 +231,7 @@ class FollowerInterpreter(Interpreter):
         if isinstance(action, RunStep):
             return out
         if isinstance(action, Retire):
-            m.running, m.failed, m.switch_to = None, False, None
+            m.running, m.failed, m.fenced, m.switch_to = None, False, "", None
             m.follower.advance(action, True, self.at, quiescence=quiescence, collective_seq=seq)
             return out
         ok = None if fail else self._perform(m, action, view, corrupt, out)
